@@ -1,0 +1,3 @@
+from etn_cli.cli import main
+
+main()

@@ -1,0 +1,250 @@
+"""``digits_cnn``: the small CNN that plays the "pretrained" backbone of the offline default.
+
+Trained with cross-entropy on the ``digits`` train split the first time it is needed, then cached
+as safetensors in ``cache_dir/digits_cnn-<key>/``; the key hashes the config, the train split's
+fingerprint and :data:`CODE_VERSION`. Training is seeded, single-threaded and deterministic, so
+reruns on one machine give bitwise-identical weights. The hidden state is the input of the final
+linear layer, hence ``logits == hidden @ W.T + b`` exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.utils.data import DataLoader
+
+from etn_cli.backbones.base import Backbone, backbones
+from etn_cli.datasets.base import Split
+from etn_cli.datasets.digits import ID_CLASSES, Digits
+from etn_cli.errors import EtnError
+
+CODE_VERSION = "1"  # bump whenever the architecture or training recipe changes
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Architecture and training recipe; every field goes into the cache key."""
+
+    channels: int = 16
+    hidden: int = 64
+    epochs: int = 20
+    lr: float = 1e-3
+    batch_size: int = 64
+    dropout: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = {k: getattr(self, k) for k in ("channels", "hidden", "epochs", "batch_size")}
+        bad = {k: v for k, v in sizes.items() if v < 1}
+        if bad or self.lr <= 0 or not 0.0 <= self.dropout < 1.0:
+            raise EtnError(
+                f"digits_cnn config expects positive sizes and lr, 0 <= dropout < 1; found "
+                f"{dataclasses.asdict(self)}. Fix these values in the pipeline file."
+            )
+
+
+class DigitsCNN(nn.Module):
+    """conv-ReLU-conv-ReLU-pool, then a hidden layer, dropout and the linear classifier."""
+
+    def __init__(self, config: Config, num_classes: int) -> None:
+        super().__init__()
+        c = config.channels
+        self.features = nn.Sequential(
+            nn.Conv2d(1, c, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(c, c, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(c * 4 * 4, config.hidden),
+            nn.ReLU(),
+        )
+        self.dropout = nn.Dropout(config.dropout)  # kept by name for an MC-dropout baseline
+        self.classifier = nn.Linear(config.hidden, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.features(x))  # (B, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.forward_features(x))  # (B, C)
+
+
+def cache_key(config: Config, train_fingerprint: dict[str, Any]) -> str:
+    """A short sha256 of everything that determines the trained weights."""
+    payload = {
+        "config": dataclasses.asdict(config),
+        "train": train_fingerprint,
+        "code_version": CODE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def deterministic(seed: int) -> Iterator[None]:
+    """Seed, one thread and deterministic kernels inside; the caller's RNG and settings after."""
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.get_num_threads())
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)  # a fixed reduction order, whatever the machine's core count
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(previous[0], warn_only=warn_only)
+            torch.set_num_threads(previous[1])
+
+
+@torch.inference_mode()
+def accuracy(model: nn.Module, split: Split) -> float:
+    inputs, labels = split.data.tensors  # (N, 1, 8, 8), (N,)
+    return (model.eval()(inputs).argmax(dim=1) == labels).float().mean().item()
+
+
+def train_model(config: Config, train: Split) -> DigitsCNN:
+    """Cross-entropy training with Adam from a seeded initialisation and a seeded data order."""
+    with deterministic(config.seed):
+        model = DigitsCNN(config, len(ID_CLASSES))
+        order = torch.Generator().manual_seed(config.seed)
+        loader = DataLoader(train.data, batch_size=config.batch_size, shuffle=True, generator=order)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        model.train()
+        for _ in range(config.epochs):
+            for inputs, labels in loader:
+                optimizer.zero_grad()
+                F.cross_entropy(model(inputs), labels).backward()
+                optimizer.step()
+    return model.eval()
+
+
+def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> None:
+    """Train, then write weights and ``meta.json`` to a temporary folder renamed into place,
+    so that a crash never leaves a half-written model behind."""
+    started = time.perf_counter()
+    model = train_model(config, train)
+    meta = {
+        "config": dataclasses.asdict(config),
+        "train_fingerprint": train.fingerprint,
+        "train_accuracy": accuracy(model, train),
+        "test_accuracy": accuracy(model, test),
+        "train_seconds": round(time.perf_counter() - started, 3),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "torch_version": torch.__version__,
+        "code_version": CODE_VERSION,
+    }
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        save_file(model.state_dict(), str(tmp / WEIGHTS_FILE))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        publish(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish(tmp: Path, folder: Path) -> None:
+    """Rename ``tmp`` to ``folder``; a complete folder written meanwhile by another run wins."""
+    try:
+        os.replace(tmp, folder)
+    except OSError as err:
+        if not (folder / WEIGHTS_FILE).is_file():
+            raise EtnError(
+                f"Expected {folder} to be absent or a complete digits_cnn cache, found a folder "
+                f"without {WEIGHTS_FILE} ({err}). Delete {folder} and run again."
+            ) from err
+
+
+@backbones.register("digits_cnn")
+class DigitsCNNBackbone(Backbone):
+    """The digits CNN behind the backbone interface; builds its weights once per cache key."""
+
+    name = "digits_cnn"
+    Config = Config
+
+    def __init__(self, config: Config | None, cache_dir: Path, device: str = "cpu") -> None:
+        super().__init__(config if config is not None else Config(), cache_dir, device)
+        with torch.random.fork_rng(devices=[]):  # the initial weights are overwritten anyway
+            self.model = DigitsCNN(self.config, len(ID_CLASSES))
+        self.folder = self.load()
+        self.model.to(self.device).eval()
+
+    def load(self) -> Path:
+        """Load the cached weights, training and caching them first when they are missing."""
+        train = Digits().load_split("train")
+        folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train.fingerprint)}"
+        weights = folder / WEIGHTS_FILE
+        if not weights.is_file():
+            train_and_save(self.config, train, Digits().load_split("test"), folder)
+        try:
+            self.model.load_state_dict(load_file(weights), strict=True)
+        except (SafetensorError, RuntimeError) as err:
+            raise EtnError(
+                f"Expected a valid digits_cnn checkpoint at {weights}, found an unreadable or "
+                f"mismatched file ({err}). Delete {folder} and run again to retrain it."
+            ) from err
+        self.weights_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
+        return folder
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "config": dataclasses.asdict(self.config),
+            "weights_sha256": self.weights_sha256,
+            "code_version": CODE_VERSION,
+        }
+
+    @property
+    def num_classes(self) -> int:
+        return len(ID_CLASSES)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden
+
+    def batches(
+        self, split: Split, batch_size: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yield ``(inputs (B, 1, 8, 8), labels (B,), index (B,))`` in split order."""
+        index = torch.as_tensor(split.index, dtype=torch.int64)  # (N,)
+        start = 0
+        for inputs, labels in DataLoader(split.data, batch_size=batch_size, shuffle=False):
+            if inputs.shape[1:] != (1, 8, 8):
+                raise EtnError(
+                    f"digits_cnn expects inputs of shape (1, 8, 8), found "
+                    f"{tuple(inputs.shape[1:])} in {split.dataset}/{split.split}. "
+                    "Pair digits_cnn with a digits dataset."
+                )
+            stop = start + len(labels)
+            yield inputs.float(), labels.long(), index[start:stop]
+            start = stop
+
+    @torch.inference_mode()
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.model.eval()
+        hidden = self.model.forward_features(inputs.to(self.device, torch.float32))  # (B, D)
+        logits = self.model.classifier(hidden)  # (B, C)
+        return hidden.float().cpu(), logits.float().cpu()
+
+    def classifier(self) -> dict[str, torch.Tensor]:
+        layer = self.model.classifier
+        return {
+            "weight": layer.weight.detach().float().cpu().clone(),  # (C, D)
+            "bias": layer.bias.detach().float().cpu().clone(),  # (C,)
+        }

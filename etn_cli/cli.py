@@ -1,0 +1,202 @@
+"""The ``etn`` command: parse options, load the pipeline, call one stage, exit.
+
+Heavy libraries (torch, h5py, polars) are imported inside the commands, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from etn_cli.errors import EtnError
+
+app = typer.Typer(
+    help="Evidential Transformation Network: trustworthy confidence and OOD scores for any "
+    "pretrained classifier, from cached features.\n\nTypical use: `etn run pipelines/digits.toml`.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DataDir = Annotated[
+    Path,
+    typer.Option(
+        "--data-dir",
+        "-d",
+        envvar="ETN_DATA_DIR",
+        help="Where features, heads, metrics and reports live (env ETN_DATA_DIR).",
+    ),
+]
+Device = Annotated[
+    str | None,
+    typer.Option(help="cpu, cuda, cuda:1 … (default: the pipeline's `device`, else auto)."),
+]
+PipelineArg = Annotated[Path, typer.Argument(help="A pipeline file, e.g. pipelines/digits.toml.")]
+Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new copy swapped in).")]
+DEFAULT_DATA = Path("data")
+
+
+class Format(str, Enum):
+    md = "md"
+    csv = "csv"
+    tex = "tex"
+
+
+class Listing(str, Enum):
+    heads = "heads"
+    backbones = "backbones"
+    datasets = "datasets"
+    pipelines = "pipelines"
+
+
+def _plan(pipeline: Path, data_dir: Path):  # noqa: ANN202
+    from etn_cli.pipeline import load_pipeline
+    from etn_cli.plan import make_plan
+
+    return make_plan(load_pipeline(pipeline), data_dir)
+
+
+def _device(plan, device: str | None) -> str:  # noqa: ANN001
+    from etn_cli.stages.run import resolve_device
+
+    return resolve_device(device or plan.pipeline.device)
+
+
+@app.command()
+def run(
+    pipelines: Annotated[list[Path], typer.Argument(help="Pipeline files or folders of them.")],
+    data_dir: DataDir = DEFAULT_DATA,
+    device: Device = None,
+    format: Annotated[Format, typer.Option(help="Table format printed.")] = Format.md,
+) -> None:
+    """Run extract, train, evaluate and report for each pipeline, skipping finished work.
+
+    Safe to rerun (e.g. from cron): finished units are found by their content keys and kept.
+    Several pipelines run in turn; a failing one does not stop the others, and the exit code
+    is non-zero if any failed.
+    """
+    from etn_cli.stages.run import run_many
+
+    outcomes = run_many(pipelines, data_dir, device=device, fmt=format.value)
+    for outcome in outcomes:
+        if outcome.ok:
+            typer.echo(f"\n## {outcome.path}\n\n{outcome.table}")
+    typer.echo("")
+    for outcome in outcomes:
+        typer.echo(outcome.line(), err=not outcome.ok)
+    if not all(o.ok for o in outcomes):
+        raise typer.Exit(1)
+
+
+@app.command()
+def extract(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA, device: Device = None) -> None:
+    """Run the backbone once per dataset split and cache hidden states + logits as HDF5 shards."""
+    from etn_cli.stages.extract import extract as run_extract
+
+    plan = _plan(pipeline, data_dir)
+    typer.echo(run_extract(plan, device=_device(plan, device)).summary())
+
+
+@app.command()
+def train(
+    pipeline: PipelineArg,
+    data_dir: DataDir = DEFAULT_DATA,
+    device: Device = None,
+    force: Force = False,
+) -> None:
+    """Fit every head of the pipeline (per seed) on the cached adaptation features."""
+    from etn_cli.stages.train import train as run_train
+
+    plan = _plan(pipeline, data_dir)
+    typer.echo(run_train(plan, device=_device(plan, device), force=force).summary())
+
+
+@app.command()
+def evaluate(
+    pipeline: PipelineArg,
+    data_dir: DataDir = DEFAULT_DATA,
+    device: Device = None,
+    force: Force = False,
+) -> None:
+    """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
+    from etn_cli.stages.evaluate import evaluate as run_evaluate
+
+    plan = _plan(pipeline, data_dir)
+    typer.echo(run_evaluate(plan, device=_device(plan, device), force=force).summary())
+
+
+@app.command()
+def report(
+    sources: Annotated[
+        list[Path],
+        typer.Argument(help="Pipeline files (their current results) or metrics *.parquet files."),
+    ],
+    data_dir: DataDir = DEFAULT_DATA,
+    format: Annotated[Format, typer.Option(help="md, csv or tex, printed to stdout.")] = Format.md,
+    metric: Annotated[str, typer.Option(help="aupr (main tables) or auroc (appendix).")] = "aupr",
+) -> None:
+    """Print the paper's results table: per method ID ACC, MP, UM; per OOD set MP, MI, DE."""
+    from etn_cli.stages.report import report as run_report
+    from etn_cli.stages.report import report_files
+
+    parquet = [p for p in sources if p.suffix == ".parquet"]
+    tables = [
+        run_report(_plan(p, data_dir), fmt=format.value, metric=metric)
+        for p in sources
+        if p.suffix != ".parquet"
+    ]
+    if parquet:
+        tables.append(report_files(parquet, fmt=format.value, metric=metric))
+    typer.echo("\n\n".join(tables))
+
+
+@app.command("ls")
+def list_names(
+    what: Annotated[Listing, typer.Argument(help="heads, backbones, datasets or pipelines.")],
+    folder: Annotated[Path, typer.Option(help="Where to look for pipelines.")] = Path("pipelines"),
+) -> None:
+    """Print the registered names, one per line."""
+    if what is Listing.pipelines:
+        names = [str(p) for p in sorted(folder.glob("*.toml"))]
+    elif what is Listing.heads:
+        from etn_cli.heads import heads
+
+        names = heads.names()
+    elif what is Listing.backbones:
+        from etn_cli.backbones import backbones
+
+        names = backbones.names()
+    else:
+        from etn_cli.datasets import datasets
+
+        names = datasets.names()
+    typer.echo("\n".join(names))
+
+
+def main() -> None:
+    """Entry point: a domain error is one line on stderr and exit status 2."""
+    try:
+        app(standalone_mode=False)
+    except EtnError as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as err:
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

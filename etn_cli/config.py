@@ -1,0 +1,83 @@
+"""Configs are data: frozen dataclasses with defaults, built from TOML tables or keyword
+arguments, with unknown keys and wrong types rejected at the boundary."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, TypeVar
+
+from etn_cli.errors import EtnError
+
+C = TypeVar("C")
+
+
+def build_config(cls: type[C], values: dict[str, Any], where: str) -> C:
+    """Instantiate the frozen dataclass ``cls`` from ``values``, checking names and types.
+
+    ``where`` names the place in the user's input for the error message, e.g.
+    ``"pipelines/digits.toml [[heads]] 'etn'"``.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    for key in values:
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise EtnError(
+                f"Unknown key {key!r} in {where}.{hint} Allowed keys: {', '.join(fields)}"
+            )
+    coerced = {
+        key: coerce(value, hints[key], f"{where} key {key!r}") for key, value in values.items()
+    }
+    return cls(**coerced)
+
+
+def coerce(value: Any, hint: Any, where: str) -> Any:
+    """Check ``value`` against a simple type hint, converting int -> float and list -> tuple."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return coerce(value, option, where)
+            except EtnError:
+                continue
+        raise EtnError(f"{where} expected {_name(hint)}, got {value!r}. Fix the value's type.")
+    if origin is typing.Literal:
+        if value in typing.get_args(hint):
+            return value
+        allowed = ", ".join(repr(a) for a in typing.get_args(hint))
+        raise EtnError(f"{where} expected one of {allowed}, got {value!r}.")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise EtnError(f"{where} expected a list, got {value!r}. Write it as [a, b, ...].")
+        item = typing.get_args(hint)[0]
+        return tuple(coerce(v, item, where) for v in value)
+    if hint is type(None):
+        if value is None:
+            return None
+        raise EtnError(f"{where} expected nothing, got {value!r}.")
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is Any or (isinstance(hint, type) and _is_instance(value, hint)):
+        return value
+    raise EtnError(f"{where} expected {_name(hint)}, got {value!r} ({type(value).__name__}).")
+
+
+def _is_instance(value: Any, hint: type) -> bool:
+    if hint is int and isinstance(value, bool):
+        return False
+    return isinstance(value, hint)
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", str(hint).replace("typing.", ""))
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (tuples become lists)."""
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
+    }

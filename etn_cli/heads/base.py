@@ -1,0 +1,209 @@
+"""One small interface for every post-hoc method (pytorch-ood's fit/predict on features,
+scikit-learn's estimators): settings in ``__init__``, learned state on names ending in ``_``,
+``fit`` returns ``self``, ``predict`` returns probabilities plus named uncertainty scores."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from etn_cli.config import build_config, config_dict
+from etn_cli.errors import EtnError
+from etn_cli.registry import Registry
+
+HEAD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Settings every head has. ``seed`` fixes initialisation, data order and MC draws."""
+
+    seed: int = 0
+
+
+@dataclass
+class Prediction:
+    """What a head says about N samples.
+
+    ``scores`` maps score names (``mp``, ``um``, ``mi``, ``de``, ``md``, ``energy``) to (N,)
+    arrays; a score a head cannot define is absent, never zero. ``alpha`` is the Dirichlet
+    concentration of evidential heads (averaged over MC draws where there are draws).
+    """
+
+    probs: np.ndarray  # (N, C)
+    scores: dict[str, np.ndarray]
+    alpha: np.ndarray | None = None  # (N, C)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def predictions(self) -> np.ndarray:
+        return self.probs.argmax(axis=1)
+
+
+class Head:
+    """Base class of every registered head.
+
+    Subclasses set ``name``, ``label`` (display name in reports), ``Config`` (a frozen dataclass
+    extending :class:`HeadConfig`) and implement ``_fit``, ``_predict``, ``_state`` and
+    ``_load_state``. ``classifier`` is the backbone's final layer (``weight`` (C, D), ``bias``
+    (C,)) for heads that start from it (``needs_classifier``).
+    """
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    Config: ClassVar[type[HeadConfig]] = HeadConfig
+    needs_classifier: ClassVar[bool] = False
+
+    def __init__(self, **settings: Any) -> None:
+        self.config = build_config(self.Config, settings, f"head {self.name!r}")
+        self.n_features_: int | None = None
+        self.n_classes_: int | None = None
+
+    # ----------------------------------------------------------------- public interface
+    @property
+    def variant(self) -> str:
+        """Short variant name for reports (``scalar``, ``vector`` …); empty when there is none."""
+        return ""
+
+    @property
+    def display_label(self) -> str:
+        return self.label
+
+    def fit(
+        self,
+        hidden: Any,
+        logits: Any,
+        labels: Any,
+        *,
+        classifier: dict[str, Any] | None = None,
+        device: str = "cpu",
+    ) -> Head:
+        """Fit on adaptation features: ``hidden`` (N, D), ``logits`` (N, C), ``labels`` (N,)."""
+        h, z = check_features(hidden, logits)
+        y = check_labels(labels, len(h), z.shape[1])
+        if self.needs_classifier and classifier is None:
+            raise EtnError(
+                f"Head {self.name!r} starts from the backbone's classifier weights, but none were "
+                "given. Extract with etn (it stores them) or save classifier.safetensors next to "
+                "your shards."
+            )
+        self.n_features_, self.n_classes_ = h.shape[1], z.shape[1]
+        self._fit(h, z, y, classifier=classifier, device=torch.device(device))
+        return self
+
+    def predict(self, hidden: Any, logits: Any, *, device: str = "cpu") -> Prediction:
+        """Probabilities, uncertainty scores and (evidential heads) alpha for N samples."""
+        if self.n_classes_ is None:
+            raise EtnError(f"Head {self.name!r} is not fitted. Call fit(...) or load it first.")
+        h, z = check_features(hidden, logits)
+        if h.shape[1] != self.n_features_ or z.shape[1] != self.n_classes_:
+            raise EtnError(
+                f"Head {self.name!r} was fitted on hidden size {self.n_features_} and "
+                f"{self.n_classes_} classes, got {h.shape[1]} and {z.shape[1]}. Use features "
+                "from the same backbone."
+            )
+        return self._predict(h, z, device=torch.device(device))
+
+    def save(self, folder: Path) -> None:
+        """Write ``head.json`` (name, config, dims) and ``weights.safetensors``."""
+        folder = Path(folder)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self._state().items()}
+        save_file(tensors, folder / "weights.safetensors")
+        meta = {
+            "format": HEAD_FORMAT,
+            "head": self.name,
+            "config": config_dict(self.config),
+            "n_features": self.n_features_,
+            "n_classes": self.n_classes_,
+        }
+        (folder / "head.json").write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def load(cls, folder: Path) -> Head:
+        folder = Path(folder)
+        meta = json.loads((folder / "head.json").read_text())
+        if meta.get("format", 0) > HEAD_FORMAT:
+            raise EtnError(
+                f"Head in {folder} has format {meta['format']}; this etn reads format "
+                f"{HEAD_FORMAT}. Upgrade etn."
+            )
+        head = heads.get(meta["head"])(**meta["config"])
+        if cls is not Head and not isinstance(head, cls):
+            raise EtnError(f"{folder} holds a {meta['head']!r} head, not {cls.name!r}.")
+        head.n_features_, head.n_classes_ = meta["n_features"], meta["n_classes"]
+        tensors = load_file(folder / "weights.safetensors")
+        try:
+            head._load_state(tensors)
+        except (KeyError, RuntimeError) as err:
+            raise EtnError(
+                f"Checkpoint {folder / 'weights.safetensors'} does not match head "
+                f"{meta['head']!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
+                "Retrain the head."
+            ) from None
+        return head
+
+    def settings(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.config)
+
+    # ----------------------------------------------------------------- for subclasses
+    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+        raise NotImplementedError
+
+    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+        raise NotImplementedError
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def _load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        return None
+
+
+heads: Registry[type[Head]] = Registry("head")
+
+
+def to_tensor(x: Any, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", dtype)
+    return torch.as_tensor(np.asarray(x), dtype=dtype)
+
+
+def check_features(hidden: Any, logits: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 tensors ``hidden`` (N, D) and ``logits`` (N, C), finite, with matching N."""
+    h, z = to_tensor(hidden, torch.float32), to_tensor(logits, torch.float32)
+    if h.ndim != 2 or z.ndim != 2:
+        raise EtnError(
+            f"Expected hidden (N, D) and logits (N, C), got shapes {tuple(h.shape)} and "
+            f"{tuple(z.shape)}. Flatten or pool features to one vector per sample."
+        )
+    if len(h) != len(z) or len(h) == 0:
+        raise EtnError(f"Expected the same non-zero number of rows, got {len(h)} and {len(z)}.")
+    if z.shape[1] < 2:
+        raise EtnError(f"Expected at least 2 classes in logits, got {z.shape[1]}.")
+    for name, t in (("hidden", h), ("logits", z)):
+        bad = (~torch.isfinite(t)).any(dim=1).nonzero().flatten()
+        if len(bad):
+            raise EtnError(
+                f"{name} contains non-finite values in {len(bad)} rows (first rows "
+                f"{bad[:5].tolist()}). Check the backbone or re-extract in float32."
+            )
+    return h, z
+
+
+def check_labels(labels: Any, n: int, num_classes: int) -> torch.Tensor:
+    y = to_tensor(labels, torch.int64)
+    if y.shape != (n,):
+        raise EtnError(f"Expected labels of shape ({n},), got {tuple(y.shape)}.")
+    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+        raise EtnError(
+            f"Labels must lie in 0..{num_classes - 1} (the logits have {num_classes} classes), "
+            f"found {int(y.min())}..{int(y.max())}. Map labels to the backbone's classes."
+        )
+    return y

@@ -1,0 +1,36 @@
+"""Energy-based OOD score (Liu et al., NeurIPS 2020): ``E(z) = -T logsumexp(z / T)``.
+
+The score reported is the negative energy ``T logsumexp(z / T)`` (higher = more ID); the
+class probabilities stay the backbone's softmax. Nothing is learned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.metrics.scores import probability_scores
+
+
+@dataclass(frozen=True)
+class EnergyConfig(HeadConfig):
+    temperature: float = 1.0
+
+
+@heads.register("energy")
+class Energy(Head):
+    name = "energy"
+    label = "Energy"
+    Config = EnergyConfig
+
+    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+        return None
+
+    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+        t = self.config.temperature
+        z = z.double()
+        probs = torch.softmax(z, dim=1).numpy()
+        scores = probability_scores(probs) | {"energy": (t * torch.logsumexp(z / t, 1)).numpy()}
+        return Prediction(probs, scores)

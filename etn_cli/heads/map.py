@@ -1,0 +1,23 @@
+"""MAP: the backbone's own softmax, unchanged (the paper's MAP_CE without fine-tuning)."""
+
+from __future__ import annotations
+
+import torch
+
+from etn_cli.heads.base import Head, Prediction, heads
+from etn_cli.metrics.scores import probability_scores
+
+
+@heads.register("map")
+class MAP(Head):
+    """``p = softmax(z)``; MP is its only score (no Dirichlet, no samples)."""
+
+    name = "map"
+    label = "MAP"
+
+    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+        return None
+
+    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+        probs = torch.softmax(z.double(), dim=1).numpy()
+        return Prediction(probs, probability_scores(probs))

@@ -1,0 +1,81 @@
+"""Static scaling: one learned, sample-independent transformation of the logits plus ``b``,
+trained with the reverse-KL EDL loss (Guo et al. 2017's temperature, as the paper's
+"static scaling" baseline, Supp. "Baselines").
+
+``alpha = softplus(a * z) + b`` with ``a > 0`` a scalar (one ``b``: argmax unchanged) or a
+vector (per-class ``a`` and ``b``); loss ``KL(Dir(alpha) || Dir(1 + (nu - 1) e_y))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.edl import dirichlet_kl_to_target, evidence, inverse_softplus
+from etn_cli.heads.training import fit_module
+from etn_cli.metrics.scores import dirichlet_scores
+
+
+@dataclass(frozen=True)
+class StaticConfig(HeadConfig):
+    variant: Literal["scalar", "vector"] = "scalar"
+    nu: float = 1e4
+    epochs: int = 50
+    batch_size: int = 1024
+    lr: float = 1e-2
+    a_init: float = 1.0
+    b_init: float = 1.0
+
+
+class StaticScale(nn.Module):
+    def __init__(self, n_scale: int, cfg: StaticConfig):
+        super().__init__()
+        self.log_a = nn.Parameter(torch.full((n_scale,), float(torch.tensor(cfg.a_init).log())))
+        self.b_raw = nn.Parameter(torch.full((n_scale,), inverse_softplus(cfg.b_init)))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return evidence(self.log_a.exp() * z, F.softplus(self.b_raw))  # (B, C)
+
+
+@heads.register("static")
+class Static(Head):
+    name = "static"
+    label = "Static scaling"
+    Config = StaticConfig
+
+    @property
+    def variant(self) -> str:
+        return self.config.variant
+
+    def _build(self, n_classes: int) -> None:
+        self.module_ = StaticScale(1 if self.config.variant == "scalar" else n_classes, self.config)
+
+    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+        cfg = self.config
+        self._build(z.shape[1])
+
+        def loss(z_: torch.Tensor, y_: torch.Tensor) -> torch.Tensor:
+            return dirichlet_kl_to_target(self.module_(z_), y_, cfg.nu)
+
+        fit_module(
+            self.module_, loss, (z, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+            seed=cfg.seed, device=device, desc="static",
+        )  # fmt: skip
+        self.module_.cpu()
+
+    @torch.no_grad()
+    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+        alpha = self.module_(z).double().numpy()
+        return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return dict(self.module_.state_dict())
+
+    def _load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._build(self.n_classes_)
+        self.module_.load_state_dict(tensors)

@@ -1,0 +1,161 @@
+"""Evaluation metrics: accuracy, calibration, confidence and OOD detection (DESIGN §3).
+
+Confidence estimation scores prediction correctness (correct = positive) on the ID test set;
+OOD detection scores ID test samples (positive) against OOD samples (negative), as in the
+paper's section "Uncertainty Metrics". Every score is first oriented with :func:`id_score` so
+that higher always means more confident / more ID. A metric that is undefined (one class
+only) is reported as ``value=None`` with a note, never as a silent 0 or NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+from etn_cli.errors import EtnError
+from etn_cli.metrics.scores import id_score
+
+ECE_BINS = 15
+NLL_FLOOR = 1e-12
+RANKING_METRICS = ("aupr", "auroc", "fpr95")
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """One metric value; ``score`` names the uncertainty score it ranks by (None if none)."""
+
+    metric: str
+    score: str | None
+    value: float | None
+    note: str | None = None
+
+
+def _check_probs(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return float64 probabilities (N, C) and int labels (N,), or raise an EtnError."""
+    probs = np.asarray(probs, dtype=np.float64)
+    labels = np.asarray(labels)
+    if probs.ndim != 2 or labels.shape != (probs.shape[0],) or probs.shape[0] == 0:
+        raise EtnError(
+            f"Expected probs (N, C) and labels (N,) with N >= 1, got {probs.shape} and "
+            f"{labels.shape}. Pass one label per row of probabilities."
+        )
+    if labels.min() < 0 or labels.max() >= probs.shape[1]:
+        raise EtnError(
+            f"Expected labels in 0..{probs.shape[1] - 1}, found {labels.min()}..{labels.max()}. "
+            "Check that the head and the dataset use the same class list."
+        )
+    return probs, labels.astype(np.int64)
+
+
+def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray) -> float:
+    """ECE with 15 equal-width bins (lo, hi]: ``sum_b n_b / N * |acc_b - conf_b|``."""
+    bins = np.clip(np.ceil(confidence * ECE_BINS).astype(np.int64) - 1, 0, ECE_BINS - 1)  # (N,)
+    # n_b / N * |acc_b - conf_b| equals |sum of correct - sum of confidence| / N within bin b.
+    conf_sum = np.bincount(bins, weights=confidence, minlength=ECE_BINS)  # (B,)
+    acc_sum = np.bincount(bins, weights=correct.astype(np.float64), minlength=ECE_BINS)  # (B,)
+    return float(np.abs(acc_sum - conf_sum).sum() / confidence.size)
+
+
+def classification_metrics(probs: np.ndarray, labels: np.ndarray) -> list[MetricValue]:
+    """Accuracy, ECE, NLL and Brier score of predictive probabilities.
+
+    ``nll = mean_n -log max(p_{n,y_n}, 1e-12)``;
+    ``brier = mean_n sum_i (p_{n,i} - [i = y_n])^2``.
+    """
+    probs, labels = _check_probs(probs, labels)  # (N, C), (N,)
+    rows = np.arange(labels.size)
+    correct = probs.argmax(axis=1) == labels  # (N,)
+    onehot = np.zeros_like(probs)
+    onehot[rows, labels] = 1.0
+    nll = -np.log(np.clip(probs[rows, labels], NLL_FLOOR, None)).mean()
+    brier = ((probs - onehot) ** 2).sum(axis=1).mean()
+    ece = expected_calibration_error(probs.max(axis=1), correct)
+    values = {"acc": correct.mean(), "ece": ece, "nll": nll, "brier": brier}
+    return [MetricValue(name, None, float(value)) for name, value in values.items()]
+
+
+def fpr_at_95_tpr(labels: np.ndarray, scores: np.ndarray) -> float:
+    """False-positive rate at the highest threshold whose true-positive rate reaches 95%."""
+    fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
+    return float(fpr[np.argmax(tpr >= 0.95)])
+
+
+def ranking_metrics(labels: np.ndarray, scores: np.ndarray, score: str) -> list[MetricValue]:
+    """AUPR, AUROC and FPR@95%TPR of ``scores`` (higher = positive) against binary ``labels``."""
+    values = {
+        "aupr": average_precision_score(labels, scores),
+        "auroc": roc_auc_score(labels, scores),
+        "fpr95": fpr_at_95_tpr(labels, scores),
+    }
+    return [MetricValue(name, score, float(value)) for name, value in values.items()]
+
+
+def _undefined(score: str, note: str) -> list[MetricValue]:
+    """The three ranking metrics of ``score`` marked undefined, with the reason."""
+    return [MetricValue(name, score, None, f"undefined: {note}") for name in RANKING_METRICS]
+
+
+def _oriented(name: str, values: np.ndarray, size: int, what: str) -> np.ndarray:
+    """Score ``name`` oriented higher = more ID, checked to be finite with ``size`` entries."""
+    oriented = id_score(name, values)  # (N,)
+    if oriented.shape != (size,):
+        raise EtnError(
+            f"Score '{name}' on the {what} has shape {oriented.shape}, expected ({size},). "
+            "Pass one score per sample."
+        )
+    if not np.isfinite(oriented).all():
+        count = int((~np.isfinite(oriented)).sum())
+        raise EtnError(
+            f"Score '{name}' on the {what} contains {count} non-finite values. "
+            "Check the head's outputs (alpha overflow or NaN logits)."
+        )
+    return oriented
+
+
+def confidence_metrics(scores: dict[str, np.ndarray], correct: np.ndarray) -> list[MetricValue]:
+    """AUPR, AUROC and FPR95 of each score at telling correct (positive) from wrong predictions."""
+    correct = np.asarray(correct, dtype=bool)  # (N,)
+    n_right = int(correct.sum())
+    note = None
+    if correct.size == 0:
+        note = "no predictions to score"
+    elif n_right in (0, correct.size):
+        note = f"all {correct.size} predictions are {'correct' if n_right else 'wrong'}"
+    results: list[MetricValue] = []
+    for name, values in scores.items():
+        oriented = _oriented(name, values, correct.size, "ID test set")
+        if note is not None:
+            results += _undefined(name, note)
+        else:
+            results += ranking_metrics(correct.astype(np.int64), oriented, name)
+    return results
+
+
+def ood_metrics(
+    id_scores: dict[str, np.ndarray], ood_scores: dict[str, np.ndarray]
+) -> list[MetricValue]:
+    """AUPR, AUROC and FPR95 of each score shared by both sets; ID = positive, OOD = negative."""
+    shared = [name for name in id_scores if name in ood_scores]
+    results: list[MetricValue] = []
+    for name in shared:
+        id_values = np.asarray(id_scores[name]).reshape(-1)  # (N_id,)
+        ood_values = np.asarray(ood_scores[name]).reshape(-1)  # (N_ood,)
+        if ood_values.size == 0:
+            raise EtnError(
+                f"The OOD set has no samples (score '{name}'). "
+                "Check the OOD split name or re-run extract for it."
+            )
+        if id_values.size == 0:
+            results += _undefined(name, "the ID test set has no samples")
+            continue
+        values = np.concatenate(
+            [
+                _oriented(name, id_values, id_values.size, "ID test set"),
+                _oriented(name, ood_values, ood_values.size, "OOD set"),
+            ]
+        )  # (N_id + N_ood,)
+        labels = np.r_[np.ones(id_values.size), np.zeros(ood_values.size)].astype(np.int64)
+        results += ranking_metrics(labels, values, name)
+    return results

@@ -1,0 +1,210 @@
+"""Resolve a pipeline against a data directory into content-keyed units of work.
+
+Every unit's folder name ends in a key computed from everything that changes its output
+(Hugging Face datasets / DVC style): a finished unit is never rewritten, a changed setting
+gives a new key, and a rerun finds the finished units and skips them.
+
+```
+<data>/backbones/<name>-<key>/                     backbones etn builds itself (digits CNN)
+<data>/features/<backbone>-<key>/classifier.safetensors
+<data>/features/<backbone>-<key>/<dataset>.<split>-<key>/   manifest.json + shard-*.h5
+<data>/heads/<head>-<key>/                         head.json, weights.safetensors, train.json
+<data>/metrics/<pipeline>/<head>-<key>.parquet     long-format metrics of one head
+<data>/reports/<pipeline>/                         table.md, table.csv, table.tex
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etn_cli.config import config_dict
+from etn_cli.errors import EtnError
+from etn_cli.heads.base import HEAD_FORMAT, Head
+from etn_cli.pipeline import Pipeline
+from etn_cli.store.fingerprint import fingerprint_key
+
+EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
+METRICS_VERSION = 1
+
+
+@dataclass
+class FeatureUnit:
+    """One (backbone, dataset, split) of cached features."""
+
+    role: str  # "adapt", "test" or "ood"
+    name: str  # the eval-set name in reports
+    path: Path
+    dataset: str = ""
+    split: str = ""
+    fingerprint: dict[str, Any] | None = None  # None: the user's own shards
+
+    @property
+    def key(self) -> str:
+        return self.path.name.rsplit("-", 1)[-1]
+
+
+@dataclass
+class HeadUnit:
+    spec_index: int
+    head: Head
+    seed: int
+    label: str
+    path: Path
+    key: str
+
+
+@dataclass
+class MetricsUnit:
+    head: HeadUnit
+    path: Path
+    key: str
+
+
+@dataclass
+class Plan:
+    pipeline: Pipeline
+    data_dir: Path
+    backbone_name: str
+    id_dataset: str
+    adapt: FeatureUnit
+    test: FeatureUnit
+    ood: list[FeatureUnit]
+    classifier_path: Path | None
+    backbone: Any = None  # the (not yet loaded) Backbone when etn extracts
+    heads: list[HeadUnit] = field(default_factory=list)
+    metrics: list[MetricsUnit] = field(default_factory=list)
+
+    @property
+    def feature_units(self) -> list[FeatureUnit]:
+        return [self.adapt, self.test, *self.ood]
+
+
+def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
+    """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
+    data_dir = Path(data_dir).resolve()
+    plan = (
+        _own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
+    )
+    plan.heads = _head_units(plan)
+    plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
+    return plan
+
+
+def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
+    from etn_cli.backbones import backbones
+    from etn_cli.config import build_config
+    from etn_cli.datasets import datasets
+
+    assert pipeline.data is not None and pipeline.backbone is not None
+    cls = backbones.get(pipeline.backbone)
+    config = build_config(cls.Config, pipeline.backbone_options, f"{pipeline.path} [backbone]")
+    backbone = cls(config, cache_dir=data_dir / "backbones")
+    backbone_fp = backbone.fingerprint()
+    root = data_dir / "features" / f"{pipeline.backbone}-{fingerprint_key(backbone_fp, 12)}"
+    data = pipeline.data
+
+    def unit(role: str, dataset: str, split: str, name: str) -> FeatureUnit:
+        source = datasets.get(dataset)(root=str(pipeline.resolve(data.root)) if data.root else None)
+        if split not in source.splits:
+            raise EtnError(
+                f"Dataset {dataset!r} has no split {split!r} ({pipeline.path}). "
+                f"Available: {', '.join(source.splits)}"
+            )
+        fp = {
+            "backbone": backbone_fp,
+            "dataset": dataset,
+            "split": split,
+            "source": source.split_fingerprint(split),
+            "extract_version": EXTRACT_VERSION,
+        }
+        return FeatureUnit(
+            role, name, root / f"{dataset}.{split}-{fingerprint_key(fp)}", dataset, split, fp
+        )
+
+    ood = [
+        unit("ood", ds, sp, ds if sp == "test" else f"{ds}:{sp}") for ds, sp in data.ood_sources()
+    ]
+    return Plan(
+        pipeline=pipeline,
+        data_dir=data_dir,
+        backbone_name=pipeline.backbone,
+        id_dataset=data.id,
+        adapt=unit("adapt", data.id, data.adapt, data.id),
+        test=unit("test", data.id, data.test, data.id),
+        ood=ood,
+        classifier_path=root / "classifier.safetensors",
+        backbone=backbone,
+    )
+
+
+def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
+    from etn_cli.store.shards import split_key
+
+    spec = pipeline.features
+    assert spec is not None
+
+    def unit(role: str, folder: str, name: str) -> FeatureUnit:
+        path = pipeline.resolve(folder)
+        if not path.is_dir():
+            raise EtnError(
+                f"Feature folder {path} ({pipeline.path} [features] {role}) does not exist. "
+                "Point it at a folder of shard-*.h5 files."
+            )
+        return FeatureUnit(role, name, path, fingerprint={"byof": split_key(path)})
+
+    return Plan(
+        pipeline=pipeline,
+        data_dir=data_dir,
+        backbone_name=spec.backbone,
+        id_dataset=spec.id_dataset,
+        adapt=unit("adapt", spec.adapt, spec.id_dataset),
+        test=unit("test", spec.test, spec.id_dataset),
+        ood=[unit("ood", folder, Path(folder).name) for folder in spec.ood],
+        classifier_path=pipeline.resolve(spec.classifier) if spec.classifier else None,
+    )
+
+
+def feature_key(unit: FeatureUnit) -> str:
+    if unit.fingerprint is not None and "byof" in unit.fingerprint:
+        return unit.fingerprint["byof"]
+    return unit.key
+
+
+def _head_units(plan: Plan) -> list[HeadUnit]:
+    from etn_cli.heads import heads
+
+    units = []
+    for index, spec in enumerate(plan.pipeline.heads):
+        for seed in plan.pipeline.seeds:
+            head = heads.get(spec.name)(**(spec.settings | {"seed": seed}))
+            fp = {
+                "head": spec.name,
+                "config": config_dict(head.config),
+                "adapt": feature_key(plan.adapt),
+                "classifier": plan.classifier_path.parent.name
+                if head.needs_classifier and plan.classifier_path
+                else None,
+                "head_format": HEAD_FORMAT,
+            }
+            key = fingerprint_key(fp)
+            label = spec.label or head.display_label
+            path = plan.data_dir / "heads" / f"{spec.name}-{key}"
+            units.append(HeadUnit(index, head, seed, label, path, key))
+    return units
+
+
+def _metrics_unit(plan: Plan, unit: HeadUnit) -> MetricsUnit:
+    fp = {
+        "pipeline": plan.pipeline.name,
+        "head": unit.key,
+        "label": unit.label,
+        "test": feature_key(plan.test),
+        "ood": {u.name: feature_key(u) for u in plan.ood},
+        "metrics_version": METRICS_VERSION,
+    }
+    key = fingerprint_key(fp)
+    path = plan.data_dir / "metrics" / plan.pipeline.name / f"{unit.head.name}-{key}.parquet"
+    return MetricsUnit(unit, path, key)

@@ -1,0 +1,54 @@
+"""Name -> object registries filled by a decorator at the definition site (timm / lm-eval style)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from etn_cli.errors import EtnError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A named collection of heads, backbones or datasets.
+
+    >>> heads = Registry("head")
+    >>> @heads.register("etn")
+    ... class ETN: ...
+    >>> heads.get("etm")  # doctest: +SKIP
+    EtnError: Unknown head 'etm'. Did you mean: etn? Available: etn
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def decorator(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._items[name] = obj
+            return obj
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            raise EtnError(self.unknown_message(name))
+        return self._items[name]
+
+    def unknown_message(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(self._items), n=3, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        return f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(self.names())}"
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())

@@ -1,0 +1,116 @@
+"""Stage 3: score every trained head on the ID test set and each OOD set, and write one
+long-format Parquet file of metrics per head (DESIGN §3, paper "Uncertainty Metrics")."""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from etn_cli.heads.base import Head, Prediction
+from etn_cli.metrics.evaluation import (
+    MetricValue,
+    classification_metrics,
+    confidence_metrics,
+    ood_metrics,
+)
+from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan
+from etn_cli.provenance import code_version, etn_version, now
+from etn_cli.stages.result import StageResult
+from etn_cli.store.atomic import atomic_write_bytes, unit_lock
+from etn_cli.store.shards import read_split
+
+
+def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
+    """Write the metrics file of every head whose file is missing (or all, with ``force``)."""
+    result = StageResult("evaluate")
+    read = cache(read_split)
+    for unit in plan.metrics:
+        if unit.path.is_file() and not force:
+            result.skipped.append(str(unit.path))
+            continue
+        unit.path.parent.mkdir(parents=True, exist_ok=True)
+        with unit_lock(unit.path):
+            if unit.path.is_file() and not force:
+                result.skipped.append(str(unit.path))
+                continue
+            frame = score_head(plan, unit, read, device)
+            atomic_write_bytes(unit.path, parquet_bytes(frame))
+            result.done.append(str(unit.path))
+    return result
+
+
+def score_head(plan: Plan, unit: MetricsUnit, read: Any, device: str) -> pl.DataFrame:
+    head = Head.load(unit.head.path)
+    test = read(plan.test.path)
+    id_pred, seconds = timed_predict(head, test, device)
+    correct = id_pred.predictions == test.labels
+    rows = [
+        ("id", plan.id_dataset, m)
+        for m in classification_metrics(id_pred.probs, test.labels)
+        + confidence_metrics(id_pred.scores, correct)
+    ]
+    for ood in plan.ood:
+        ood_pred, _ = timed_predict(head, read(ood.path), device)
+        rows += [("ood", ood.name, m) for m in ood_metrics(id_pred.scores, ood_pred.scores)]
+    meta = {"inference_s_per_sample": seconds / len(test.labels), "n_test": len(test.labels)}
+    return metrics_frame(plan, unit, rows, meta)
+
+
+def timed_predict(head: Head, features: Any, device: str) -> tuple[Prediction, float]:
+    started = time.perf_counter()
+    prediction = head.predict(features.hidden, features.logits, device=device)
+    return prediction, time.perf_counter() - started
+
+
+def metrics_frame(
+    plan: Plan, unit: MetricsUnit, rows: list[tuple[str, str, MetricValue]], meta: dict
+) -> pl.DataFrame:
+    head = unit.head
+    records = [
+        {
+            "pipeline": plan.pipeline.name,
+            "backbone": plan.backbone_name,
+            "id_dataset": plan.id_dataset,
+            "eval_set": eval_set,
+            "task": task,
+            "method": head.head.name,
+            "method_label": head.label,
+            "variant": head.head.variant,
+            "seed": head.seed,
+            "metric": m.metric,
+            "score": m.score,
+            "value": None if m.value is None else float(m.value),
+            "note": m.note,
+        }
+        for task, eval_set, m in rows
+    ]
+    provenance_cols = {
+        "head_key": head.key,
+        "metrics_key": unit.key,
+        "config_hash": head.key,
+        "code_version": code_version(),
+        "etn_version": etn_version(),
+        "metrics_version": METRICS_VERSION,
+        "created_at": now(),
+        "inference_s_per_sample": float(meta["inference_s_per_sample"]),
+        "n_test": int(meta["n_test"]),
+    }
+    frame = pl.DataFrame(
+        records, schema_overrides={"score": pl.String, "note": pl.String, "value": pl.Float64}
+    )
+    return frame.with_columns(pl.lit(v).alias(k) for k, v in provenance_cols.items())
+
+
+def parquet_bytes(frame: pl.DataFrame) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer)
+    return buffer.getvalue()
+
+
+__all__ = ["evaluate", "np"]

@@ -1,0 +1,133 @@
+"""Report tables from long metrics Parquet: OOD average, seed CI, paper layout and rendering."""
+
+import io
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy import stats
+
+from etn_cli.errors import EtnError
+from etn_cli.report.tables import paper_table, read_metrics, render, summarize
+
+SETS = [("digits", "id"), ("digits_unseen", "ood"), ("noise", "ood")]
+METHODS = [("softmax", "MAP_CE", ["mp"]), ("etn", "ETN", ["mp", "um", "mi", "de"])]
+
+
+def _long_rows(seed: int) -> list[dict]:
+    """One seed of metrics: ETN beats MAP_CE everywhere, values jittered by the seed."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for rank, (method, label, scores) in enumerate(METHODS):
+        base = {"method": method, "method_label": label, "variant": "", "seed": seed}
+        for eval_set, task in SETS:
+            where = {**base, "eval_set": eval_set, "task": task}
+            if task == "id":
+                rows.append({**where, "metric": "acc", "score": None, "value": 0.9})
+            for score in scores if task == "ood" else [s for s in scores if s in ("mp", "um")]:
+                for metric in ("aupr", "fpr95"):
+                    value = 0.6 + 0.2 * rank + 0.05 * rng.random()
+                    rows.append({**where, "metric": metric, "score": score, "value": value})
+    common = {"pipeline": "p", "backbone": "tiny", "id_dataset": "digits", "note": None}
+    return [{**common, **row, "head_key": f"h{seed}"} for row in rows]
+
+
+@pytest.fixture
+def metrics(tmp_path) -> pl.DataFrame:
+    paths = []
+    for seed in range(3):
+        paths.append(tmp_path / f"seed{seed}.parquet")
+        pl.DataFrame(_long_rows(seed)).write_parquet(paths[-1])
+    return read_metrics(paths)
+
+
+def _value(df: pl.DataFrame, column: str, **where) -> object:
+    return df.filter(**where)[column].item()
+
+
+def test_read_metrics_concatenates_all_files(metrics):
+    assert metrics.height == 3 * len(_long_rows(0))
+    assert "head_key" in metrics.columns
+
+
+def test_read_metrics_names_the_missing_columns_and_the_file(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pl.DataFrame(_long_rows(0)).drop("variant", "note").write_parquet(path)
+    with pytest.raises(EtnError, match=r"bad\.parquet lacks required columns: variant, note"):
+        read_metrics([path])
+
+
+def test_read_metrics_without_files_raises():
+    with pytest.raises(EtnError, match="at least one"):
+        read_metrics([])
+
+
+def test_ood_average_mean_and_ci_match_numpy_and_scipy(metrics):
+    summary = summarize(metrics)
+    where = {"method": "etn", "metric": "aupr", "score": "mi"}
+    per_set = [
+        metrics.filter(eval_set=eval_set, **where).sort("seed")["value"].to_numpy()
+        for eval_set in ("digits_unseen", "noise")
+    ]
+    per_seed = (per_set[0] + per_set[1]) / 2  # (3,)
+    low, high = stats.t.interval(0.95, df=2, loc=per_seed.mean(), scale=stats.sem(per_seed))
+    row = summary.filter(eval_set="digits-OOD", **where)
+    assert row["task"].item() == "ood" and row["n_seeds"].item() == 3
+    assert row["mean"].item() == pytest.approx(per_seed.mean())
+    assert row["ci95"].item() == pytest.approx((high - low) / 2)
+
+
+def test_single_seed_has_zero_ci_and_all_null_values_give_a_null_mean(metrics):
+    one_seed = metrics.filter(seed=0).with_columns(
+        pl.when(pl.col("score") == "um").then(None).otherwise(pl.col("value")).alias("value")
+    )
+    summary = summarize(one_seed)
+    assert _value(summary, "ci95", method="etn", metric="aupr", score="mp", task="id") == 0.0
+    assert _value(summary, "mean", method="etn", metric="aupr", score="um", task="id") is None
+
+
+def test_paper_table_has_the_paper_columns_in_percent(metrics):
+    table = paper_table(summarize(metrics))
+    assert table.columns[:4] == ["Method", "digits ACC", "digits MP", "digits UM"]
+    assert table.columns[-3:] == [f"digits → digits-OOD {s}" for s in ("MP", "MI", "DE")]
+    assert table["Method"].to_list() == ["MAP_CE", "ETN"]
+    assert table["digits ACC"][1]["mean"] == pytest.approx(90.0)
+
+
+def _tex_cell(tex: str, label: str, column: int) -> str:
+    line = next(line for line in tex.splitlines() if line.startswith(label + " &"))
+    return line.removesuffix(r" \\").split(" & ")[column]
+
+
+def test_latex_bolds_the_best_and_underlines_the_second(metrics):
+    tex = render(paper_table(summarize(metrics)), "tex")
+    assert r"\toprule" in tex and r"\bottomrule" in tex and r"digits\_unseen" in tex
+    assert _tex_cell(tex, "ETN", 2).startswith(r"\textbf{")
+    assert _tex_cell(tex, r"MAP\_CE", 2).startswith(r"\underline{")
+
+
+def test_latex_bolds_the_lowest_value_for_fpr95(metrics):
+    tex = render(paper_table(summarize(metrics), metric="fpr95"), "tex")
+    assert _tex_cell(tex, r"MAP\_CE", 2).startswith(r"\textbf{")
+    assert _tex_cell(tex, "ETN", 2).startswith(r"\underline{")
+
+
+def test_markdown_shows_a_dash_for_a_missing_score_and_bolds_the_best(metrics):
+    md = render(paper_table(summarize(metrics)), "md")
+    map_row = next(line for line in md.splitlines() if line.startswith("| MAP_CE"))
+    assert map_row.split(" | ")[3] == "–"
+    etn_row = next(line for line in md.splitlines() if line.startswith("| ETN"))
+    assert etn_row.split(" | ")[2].startswith("**")
+
+
+def test_csv_parses_back_with_polars(metrics):
+    table = paper_table(summarize(metrics), metric="auroc")
+    parsed = pl.read_csv(io.StringIO(render(table, "csv")))
+    assert parsed.columns[:3] == ["Method", "digits ACC mean", "digits ACC ci95"]
+    assert parsed["digits ACC mean"].to_list() == pytest.approx([90.0, 90.0])
+    assert parsed["digits UM mean"].null_count() == 2  # no AUROC values in the data
+
+
+def test_unknown_format_lists_the_known_ones(metrics):
+    with pytest.raises(EtnError, match="md, csv, tex"):
+        render(paper_table(summarize(metrics)), "html")
