@@ -6,7 +6,7 @@ Heavy libraries (torch, h5py, polars) are imported inside the commands, so ``--h
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -40,13 +40,13 @@ Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new c
 DEFAULT_DATA = Path("data")
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     md = "md"
     csv = "csv"
     tex = "tex"
 
 
-class Listing(str, Enum):
+class Listing(StrEnum):
     heads = "heads"
     backbones = "backbones"
     datasets = "datasets"

@@ -140,9 +140,25 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     )
 
 
-def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
-    from etn_cli.store.shards import split_key
+def split_key(path: Path) -> str:
+    """The content key of a shard folder: its manifest's key, or for a folder of the user's own
+    shards without a manifest, the key of their checksums (as ``read_split`` computes it)."""
+    import json
 
+    from etn_cli.store.fingerprint import file_sha256
+
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        return json.loads(manifest.read_text())["key"]
+    hashes = {p.name: file_sha256(p) for p in sorted(path.glob("*.h5"))}
+    if not hashes:
+        raise EtnError(
+            f"Feature folder {path} holds no *.h5 shards. See the README's shard format."
+        )
+    return fingerprint_key({"byof": True, "shards": hashes})
+
+
+def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
     spec = pipeline.features
     assert spec is not None
 

@@ -88,7 +88,7 @@ def check_unique_index(index: np.ndarray, where: str, fix: str) -> None:
         return
     examples = ", ".join(str(value) for value in repeated[:3])
     raise EtnError(
-        f"Index in {where} repeats {len(repeated)} values (e.g. {examples}); expected each "
+        f"Index in {where} repeats {len(repeated)} value(s) (e.g. {examples}); expected each "
         f"sample's position in its source split to appear once. {fix}"
     )
 
@@ -98,7 +98,7 @@ def _count_bad(array: np.ndarray) -> str:
     inf = int(np.isinf(array).sum())
     parts = [f"{nan} NaN"] if nan else []
     parts += [f"{inf} infinite"] if inf else []
-    return " and ".join(parts) + " values"
+    return " and ".join(parts) + (" value" if nan + inf == 1 else " values")
 
 
 def describe(dataset: str) -> str:

@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import etn_cli
 from etn_cli.errors import EtnError
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
@@ -33,11 +34,11 @@ def default_provenance(command: str | None = None) -> dict[str, str]:
     Versions come from package metadata, so torch is not imported just to learn its version.
     """
     return {
-        "etn": _version("etn-cli"),
+        "etn": _version("etn-cli", getattr(etn_cli, "__version__", "unknown")),
         "python": platform.python_version(),
-        "torch": _version("torch"),
-        "h5py": _version("h5py"),
-        "numpy": _version("numpy"),
+        "torch": _version("torch", "not installed"),
+        "h5py": _version("h5py", "unknown"),
+        "numpy": _version("numpy", "unknown"),
         "host": socket.gethostname(),
         "command": command if command is not None else " ".join(sys.argv),
     }
@@ -137,8 +138,8 @@ def _check_top_level(manifest: Any, path: Path) -> None:
             )
 
 
-def _version(package: str) -> str:
+def _version(package: str, fallback: str) -> str:
     try:
         return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    except metadata.PackageNotFoundError:  # e.g. etn run from a source checkout
+        return fallback
