@@ -180,7 +180,9 @@ def list_names(
 def main() -> None:
     """Entry point: a domain error is one line on stderr and exit status 2."""
     try:
-        app(standalone_mode=False)
+        status = app(standalone_mode=False)  # click returns an Exit's code in this mode
+        if isinstance(status, int) and status:
+            sys.exit(status)
     except EtnError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)

@@ -140,8 +140,8 @@ def _random_logits(seed: int, huge: bool) -> tuple[np.ndarray, np.ndarray, np.nd
     logits[60:90] = logits[60:90] - 2  # every class negative
     if huge:
         logits[90:] = logits[90:] * 100 - 1000
-    else:
-        logits[90:] = logits[90:] * 1e3  # huge margins of either sign
+    else:  # huge margins: the top class at +50, the others down to about -3000
+        logits[90:] = 1e3 * (logits[90:] - logits[90:].max(1, keepdims=True)) + 50
     labels = rng.integers(0, c, size=n)
     return hidden, logits.astype(np.float32), labels
 

@@ -1,0 +1,189 @@
+"""The ``etn`` command end to end on a tiny digits configuration in ``tmp_path``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from etn_cli.cli import app
+from etn_cli.errors import EtnError
+
+TINY = """
+name = "{name}"
+seeds = [0, 1]
+[backbone]
+name = "digits_cnn"
+epochs = 3
+[data]
+id = "digits"
+ood = ["digits_unseen", "digits_noise"]
+[[heads]]
+name = "etn"
+epochs = {etn_epochs}
+batch_size = 64
+[[heads]]
+name = "map"
+[[heads]]
+name = "mahalanobis"
+"""
+
+
+def write_pipeline(folder: Path, name: str = "tiny", etn_epochs: int = 3) -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(TINY.format(name=name, etn_epochs=etn_epochs))
+    return path
+
+
+def etn(*args: str | Path) -> tuple[int, str]:
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def unit_files(data: Path) -> dict[Path, int]:
+    """Every file etn wrote (locks excepted) with its modification time."""
+    return {p: p.stat().st_mtime_ns for p in data.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    root = tmp_path_factory.mktemp("run")
+    pipeline = write_pipeline(root)
+    code, output = etn("run", pipeline, "--data-dir", root / "data")
+    assert code == 0, output
+    return pipeline, root / "data", output
+
+
+def test_run_builds_every_stage_and_prints_the_table(finished: tuple[Path, Path, str]) -> None:
+    _, data, output = finished
+    assert "| ETN |" in output and "| MAP |" in output and "| Mahalanobis |" in output
+    assert "digits → digits-OOD MP" in output
+    assert len(list((data / "heads").iterdir())) >= 6  # 3 heads x 2 seeds (+ locks)
+    frame = pl.read_parquet(next((data / "metrics" / "tiny").glob("etn-*.parquet")))
+    assert {"pipeline", "eval_set", "task", "method", "seed", "metric", "score", "value"} <= set(
+        frame.columns
+    )
+    assert set(frame["eval_set"]) == {"digits", "digits_unseen", "digits_noise"}
+    assert frame["code_version"].n_unique() == 1 and frame["head_key"].n_unique() == 1
+
+
+def test_rerun_of_a_finished_pipeline_does_no_work(finished: tuple[Path, Path, str]) -> None:
+    pipeline, data, _ = finished
+    before = unit_files(data)
+    code, output = etn("run", pipeline, "--data-dir", data)
+    assert code == 0
+    assert "extract: 0 built, 4 up to date" in output
+    assert "train: 0 built, 6 up to date" in output
+    assert "evaluate: 0 built, 6 up to date" in output
+    after = unit_files(data)
+    changed = [p for p in before if after.get(p) != before[p] and "reports" not in p.parts]
+    assert changed == []
+
+
+def test_changing_one_head_setting_redoes_only_that_head(tmp_path: Path, finished) -> None:  # noqa: ANN001
+    _, data, _ = finished
+    pipeline = write_pipeline(tmp_path, etn_epochs=4)
+    code, output = etn("run", pipeline, "--data-dir", data)
+    assert code == 0, output
+    assert "train: 2 built, 4 up to date" in output
+    assert "evaluate: 2 built, 4 up to date" in output
+
+
+def test_stages_run_on_their_own_and_report_prints_every_format(tmp_path: Path) -> None:
+    pipeline, data = write_pipeline(tmp_path), tmp_path / "data"
+    with pytest.raises(EtnError, match="metrics files of pipeline 'tiny' are missing"):
+        etn("report", pipeline, "--data-dir", data)
+    for stage in ("extract", "train", "evaluate"):
+        code, output = etn(stage, pipeline, "--data-dir", data)
+        assert code == 0 and "built" in output, output
+    _, md = etn("report", pipeline, "--data-dir", data, "--format", "md")
+    _, tex = etn("report", pipeline, "--data-dir", data, "--format", "tex")
+    _, csv = etn("report", pipeline, "--data-dir", data, "--format", "csv")
+    assert md.startswith("| Method") and "\\toprule" in tex and "\\textbf" in tex
+    assert csv.splitlines()[0].startswith("Method")
+    assert (data / "reports" / "tiny" / "aupr.tex").is_file()
+
+
+def test_report_reads_parquet_files_directly(finished: tuple[Path, Path, str]) -> None:
+    _, data, _ = finished
+    files = sorted((data / "metrics" / "tiny").glob("*.parquet"))
+    code, output = etn("report", *files, "--metric", "auroc")
+    assert code == 0 and "| ETN" in output
+
+
+def test_a_failing_pipeline_does_not_stop_the_others(tmp_path: Path, finished) -> None:  # noqa: ANN001
+    _, data, _ = finished
+    good = write_pipeline(tmp_path, "good")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TINY.format(name="bad", etn_epochs=3).replace('name = "map"', 'name = "mpa"'))
+    code, output = etn("run", tmp_path, "--data-dir", data)
+    assert code == 1
+    assert "FAILED" in output and "Unknown head 'mpa'. Did you mean: map?" in output
+    assert f"ok     {good}" in output
+
+
+def test_ls_prints_registered_names_one_per_line() -> None:
+    assert etn("ls", "heads")[1].split() == ["energy", "etn", "mahalanobis", "map", "static"]
+    assert "digits_cnn" in etn("ls", "backbones")[1].split()
+    assert {"digits", "digits_unseen", "digits_noise"} <= set(etn("ls", "datasets")[1].split())
+    repo = Path(__file__).resolve().parents[1]
+    assert "digits.toml" in etn("ls", "pipelines", "--folder", repo / "pipelines")[1]
+
+
+def write_own_shards(folder: Path, rng: np.random.Generator, n: int, ood: bool = False) -> None:
+    """Features from 'someone else's model', written with plain h5py in the README format."""
+    folder.mkdir(parents=True)
+    labels = rng.integers(0, 3, n)
+    centres = np.eye(3, 8) * 4
+    hidden = centres[labels] + rng.normal(size=(n, 8)) * (3.0 if ood else 1.0)
+    logits = hidden[:, :3] * 2
+    with h5py.File(folder / "shard-00000.h5", "w") as f:
+        f.attrs["etn_format"] = 1
+        f["hidden"] = hidden.astype(np.float32)
+        f["logits"] = logits.astype(np.float32)
+        f["labels"] = labels.astype(np.int64)
+        f["index"] = np.arange(n, dtype=np.int64)
+
+
+def test_bring_your_own_features_train_evaluate_and_report(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for name, n, ood in (("adapt", 120, False), ("test", 200, False), ("far", 150, True)):
+        write_own_shards(tmp_path / "mine" / name, rng, n, ood)
+    pipeline = tmp_path / "byof.toml"
+    pipeline.write_text(
+        'name = "byof"\nseeds = [0]\n[features]\nadapt = "mine/adapt"\ntest = "mine/test"\n'
+        'ood = ["mine/far"]\nid_dataset = "toy"\nbackbone = "my-model"\n'
+        '[[heads]]\nname = "etn"\nepochs = 5\nbatch_size = 32\n[[heads]]\nname = "energy"\n'
+    )
+    code, output = etn("run", pipeline, "--data-dir", tmp_path / "data")
+    assert code == 0, output
+    assert "toy → far MP" in output and "| ETN |" in output
+    assert sorted(p.name for p in (tmp_path / "mine" / "adapt").iterdir()) == ["shard-00000.h5"]
+
+
+def test_bad_input_is_one_line_on_stderr_with_exit_status_2(tmp_path: Path) -> None:
+    pipeline = write_pipeline(tmp_path)
+    pipeline.write_text(pipeline.read_text().replace("[data]", "[data]\nbatchsize = 3"))
+    done = subprocess.run(
+        [sys.executable, "-m", "etn_cli", "run", str(pipeline), "-d", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1  # run: the batch goes on, the failed pipeline sets the status
+    assert "Unknown key 'batchsize'" in done.stderr and "Did you mean 'batch_size'?" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "etn_cli", "train", str(pipeline), "-d", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: Unknown key")
+    assert not (tmp_path / "d").exists()
