@@ -25,16 +25,21 @@ class Features:
 
 
 def make_features(
-    n: int = 200, d: int = 16, c: int = 4, *, seed: int = 0, spread: float = 3.0
+    n: int = 200, d: int = 16, c: int = 4, *, seed: int = 0, split: int = 0, spread: float = 3.0
 ) -> Features:
     """Gaussian classes with class-dependent means; ``logits = h @ W.T + b`` plus noise, with
-    ``W`` pointing at the class means so that the logits mostly agree with the labels."""
+    ``W`` pointing at the class means so that the logits mostly agree with the labels.
+
+    ``seed`` fixes the "backbone" (class means, W, b); ``split`` draws another sample from the
+    same distribution (a held-out test set).
+    """
     rng = np.random.default_rng(seed)
     means = rng.normal(scale=spread / 4, size=(c, d))  # (C, D), about spread apart
-    labels = rng.permutation(np.arange(n) % c)  # (N,)
-    hidden = means[labels] + rng.normal(size=(n, d))  # (N, D)
     weight = means + 0.3 * rng.normal(size=(c, d))  # (C, D)
     bias = -0.5 * (weight**2).sum(1)  # (C,)
+    rng = np.random.default_rng([seed, split])
+    labels = rng.permutation(np.arange(n) % c)  # (N,)
+    hidden = means[labels] + rng.normal(size=(n, d))  # (N, D)
     logits = hidden @ weight.T + bias + 0.3 * rng.normal(size=(n, c))  # (N, C)
     return Features(
         hidden.astype(np.float32),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,11 +40,22 @@ class Prediction:
     probs: np.ndarray  # (N, C)
     scores: dict[str, np.ndarray]
     alpha: np.ndarray | None = None  # (N, C)
-    extras: dict[str, Any] = field(default_factory=dict)
+    predictions: np.ndarray | None = None  # (N,) set by Head.predict
 
-    @property
-    def predictions(self) -> np.ndarray:
-        return self.probs.argmax(axis=1)
+    def __post_init__(self) -> None:
+        if self.predictions is None:
+            self.predictions = self.probs.argmax(axis=1)
+
+
+def predicted_class(probs: np.ndarray, logits: torch.Tensor) -> np.ndarray:
+    """``argmax`` of the probabilities, exact ties broken by the logits.
+
+    Far in the negative tail ``softplus(a z)`` underflows next to ``b`` and an evidential
+    head's probabilities can tie exactly; the logits keep their order there, so the scalar
+    transformation never changes the predicted class.
+    """
+    tied = probs >= probs.max(axis=1, keepdims=True)  # (N, C)
+    return np.where(tied, logits.double().numpy(), -np.inf).argmax(axis=1)
 
 
 class Head:
@@ -109,7 +120,9 @@ class Head:
                 f"{self.n_classes_} classes, got {h.shape[1]} and {z.shape[1]}. Use features "
                 "from the same backbone."
             )
-        return self._predict(h, z, device=torch.device(device))
+        prediction = self._predict(h, z, device=torch.device(device))
+        prediction.predictions = predicted_class(prediction.probs, z)
+        return prediction
 
     def save(self, folder: Path) -> None:
         """Write ``head.json`` (name, config, dims) and ``weights.safetensors``."""

@@ -70,7 +70,8 @@ class Static(Head):
 
     @torch.no_grad()
     def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
-        alpha = self.module_(z).double().numpy()
+        scale, b = self.module_.log_a.double().exp(), F.softplus(self.module_.b_raw.double())
+        alpha = evidence(scale * z.double(), b).numpy()  # float64: no early underflow
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
     def _state(self) -> dict[str, torch.Tensor]:

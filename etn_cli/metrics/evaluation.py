@@ -58,15 +58,21 @@ def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray) -> f
     return float(np.abs(acc_sum - conf_sum).sum() / confidence.size)
 
 
-def classification_metrics(probs: np.ndarray, labels: np.ndarray) -> list[MetricValue]:
+def classification_metrics(
+    probs: np.ndarray, labels: np.ndarray, predictions: np.ndarray | None = None
+) -> list[MetricValue]:
     """Accuracy, ECE, NLL and Brier score of predictive probabilities.
+
+    ``predictions`` (N,) overrides ``probs.argmax`` for accuracy (heads break exact ties in
+    the probabilities by the logits, see :class:`etn_cli.heads.base.Prediction`).
 
     ``nll = mean_n -log max(p_{n,y_n}, 1e-12)``;
     ``brier = mean_n sum_i (p_{n,i} - [i = y_n])^2``.
     """
     probs, labels = _check_probs(probs, labels)  # (N, C), (N,)
     rows = np.arange(labels.size)
-    correct = probs.argmax(axis=1) == labels  # (N,)
+    predicted = probs.argmax(axis=1) if predictions is None else np.asarray(predictions)
+    correct = predicted == labels  # (N,)
     onehot = np.zeros_like(probs)
     onehot[rows, labels] = 1.0
     nll = -np.log(np.clip(probs[rows, labels], NLL_FLOOR, None)).mean()

@@ -50,7 +50,7 @@ def score_head(plan: Plan, unit: MetricsUnit, read: Any, device: str) -> pl.Data
     correct = id_pred.predictions == test.labels
     rows = [
         ("id", plan.id_dataset, m)
-        for m in classification_metrics(id_pred.probs, test.labels)
+        for m in classification_metrics(id_pred.probs, test.labels, id_pred.predictions)
         + confidence_metrics(id_pred.scores, correct)
     ]
     for ood in plan.ood:
