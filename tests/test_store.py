@@ -80,7 +80,9 @@ def test_round_trip_keeps_values_row_order_layers_and_manifest(split: tuple[Path
     assert (manifest["rows"], manifest["hidden_size"], manifest["num_classes"]) == (50, 8, 3)
     assert manifest["layers"] == ["block1"] and manifest["fingerprint"] == FINGERPRINT
     assert features.key == manifest["key"] == fingerprint_key(FINGERPRINT)
-    assert {"etn", "python", "torch", "h5py", "host", "command"} <= manifest["provenance"].keys()
+    record = manifest["provenance"]
+    assert {"etn_version", "code_version", "python", "host", "command"} <= record.keys()
+    assert {"torch", "h5py"} <= record["packages"].keys()
     assert sorted(p.name for p in split_dir.parent.iterdir()) == ["test"]
 
 

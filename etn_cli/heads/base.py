@@ -81,7 +81,7 @@ class Head:
     @property
     def variant(self) -> str:
         """Short variant name for reports (``scalar``, ``vector`` …); empty when there is none."""
-        return ""
+        return getattr(self.config, "variant", "")
 
     @property
     def display_label(self) -> str:

@@ -93,10 +93,6 @@ class ETN(Head):
     Config = ETNConfig
 
     @property
-    def variant(self) -> str:
-        return self.config.variant
-
-    @property
     def display_label(self) -> str:
         return "ETN" if self.config.variant == "scalar" else f"ETN ({self.config.variant})"
 

@@ -48,10 +48,6 @@ class Static(Head):
     label = "Static scaling"
     Config = StaticConfig
 
-    @property
-    def variant(self) -> str:
-        return self.config.variant
-
     def _build(self, n_classes: int) -> None:
         self.module_ = StaticScale(1 if self.config.variant == "scalar" else n_classes, self.config)
 

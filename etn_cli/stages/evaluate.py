@@ -7,7 +7,6 @@ import time
 from functools import cache
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from etn_cli.heads.base import Head, Prediction
@@ -111,6 +110,3 @@ def parquet_bytes(frame: pl.DataFrame) -> bytes:
     buffer = io.BytesIO()
     frame.write_parquet(buffer)
     return buffer.getvalue()
-
-
-__all__ = ["evaluate", "np"]

@@ -8,16 +8,12 @@ every shard against it.
 from __future__ import annotations
 
 import json
-import platform
-import socket
-import sys
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import etn_cli
 from etn_cli.errors import EtnError
+from etn_cli.provenance import provenance
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 
@@ -28,20 +24,11 @@ SHARD_NAME = "shard-{:05d}.h5"
 REQUIRED_FIELDS = ("format", "kind", "complete", "fingerprint", "key", "shards")
 
 
-def default_provenance(command: str | None = None) -> dict[str, str]:
-    """Say how an artefact was made: etn, Python and library versions, host and command line.
-
-    Versions come from package metadata, so torch is not imported just to learn its version.
-    """
-    return {
-        "etn": _version("etn-cli", getattr(etn_cli, "__version__", "unknown")),
-        "python": platform.python_version(),
-        "torch": _version("torch", "not installed"),
-        "h5py": _version("h5py", "unknown"),
-        "numpy": _version("numpy", "unknown"),
-        "host": socket.gethostname(),
-        "command": command if command is not None else " ".join(sys.argv),
-    }
+def default_provenance(command: str | None = None) -> dict[str, Any]:
+    """How an artefact was made (etn and library versions, code revision, host, time, command),
+    shared with every other artefact etn writes."""
+    record = provenance()
+    return record if command is None else record | {"command": command}
 
 
 def build_manifest(
@@ -136,10 +123,3 @@ def _check_top_level(manifest: Any, path: Path) -> None:
                 f"Manifest {path} has a shard entry {entry!r}; expected file, rows and sha256. "
                 "Regenerate it with etn_cli.store.write_manifest."
             )
-
-
-def _version(package: str, fallback: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:  # e.g. etn run from a source checkout
-        return fallback
