@@ -66,6 +66,12 @@ def _device(plan, device: str | None) -> str:  # noqa: ANN001
     return resolve_device(device or plan.pipeline.device)
 
 
+def _run_stage(stage, pipeline: Path, data_dir: Path, device: str | None, **options) -> None:  # noqa: ANN001, ANN003
+    """Plan the pipeline, run one stage on it and print what it built and skipped."""
+    plan = _plan(pipeline, data_dir)
+    typer.echo(stage(plan, device=_device(plan, device), **options).summary())
+
+
 @app.command()
 def run(
     pipelines: Annotated[list[Path], typer.Argument(help="Pipeline files or folders of them.")],
@@ -97,8 +103,7 @@ def extract(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA, device: Dev
     """Run the backbone once per dataset split and cache hidden states + logits as HDF5 shards."""
     from etn_cli.stages.extract import extract as run_extract
 
-    plan = _plan(pipeline, data_dir)
-    typer.echo(run_extract(plan, device=_device(plan, device)).summary())
+    _run_stage(run_extract, pipeline, data_dir, device)
 
 
 @app.command()
@@ -111,8 +116,7 @@ def train(
     """Fit every head of the pipeline (per seed) on the cached adaptation features."""
     from etn_cli.stages.train import train as run_train
 
-    plan = _plan(pipeline, data_dir)
-    typer.echo(run_train(plan, device=_device(plan, device), force=force).summary())
+    _run_stage(run_train, pipeline, data_dir, device, force=force)
 
 
 @app.command()
@@ -125,8 +129,7 @@ def evaluate(
     """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
     from etn_cli.stages.evaluate import evaluate as run_evaluate
 
-    plan = _plan(pipeline, data_dir)
-    typer.echo(run_evaluate(plan, device=_device(plan, device), force=force).summary())
+    _run_stage(run_evaluate, pipeline, data_dir, device, force=force)
 
 
 @app.command()

@@ -43,6 +43,9 @@ class FeatureUnit:
 
     @property
     def key(self) -> str:
+        """The content key: the user's shards' checksum key, or the suffix etn named it by."""
+        if self.fingerprint is not None and "byof" in self.fingerprint:
+            return self.fingerprint["byof"]
         return self.path.name.rsplit("-", 1)[-1]
 
 
@@ -183,12 +186,6 @@ def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
     )
 
 
-def feature_key(unit: FeatureUnit) -> str:
-    if unit.fingerprint is not None and "byof" in unit.fingerprint:
-        return unit.fingerprint["byof"]
-    return unit.key
-
-
 def _head_units(plan: Plan) -> list[HeadUnit]:
     from etn_cli.heads import heads
 
@@ -199,7 +196,7 @@ def _head_units(plan: Plan) -> list[HeadUnit]:
             fp = {
                 "head": spec.name,
                 "config": config_dict(head.config),
-                "adapt": feature_key(plan.adapt),
+                "adapt": plan.adapt.key,
                 "classifier": plan.classifier_path.parent.name
                 if head.needs_classifier and plan.classifier_path
                 else None,
@@ -217,8 +214,8 @@ def _metrics_unit(plan: Plan, unit: HeadUnit) -> MetricsUnit:
         "pipeline": plan.pipeline.name,
         "head": unit.key,
         "label": unit.label,
-        "test": feature_key(plan.test),
-        "ood": {u.name: feature_key(u) for u in plan.ood},
+        "test": plan.test.key,
+        "ood": {u.name: u.key for u in plan.ood},
         "metrics_version": METRICS_VERSION,
     }
     key = fingerprint_key(fp)
