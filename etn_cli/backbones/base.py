@@ -53,6 +53,33 @@ class Backbone:
         """Return ``(hidden (B, D), logits (B, C))`` for one batch, on the CPU, float32."""
         raise NotImplementedError
 
+    def extract_batch(
+        self, inputs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """What ``etn extract`` stores for one batch: ``hidden``, ``logits`` and extra per-sample
+        arrays (name -> (B, D_l), float32, CPU) that the pipeline asked for through backbone
+        options, such as pooled intermediate layers for ``dmm`` or ODIN's perturbed logits.
+        Backbones without such options return ``forward``'s outputs and no extras."""
+        hidden, logits = self.forward(inputs)
+        return hidden, logits, {}
+
+    def finetune(self, train: Split, settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+        """Stage zero (``etn finetune``): train the in-distribution model on ``train`` with the
+        pipeline's ``[finetune]`` settings and write it (weights or adapter, safetensors) into
+        ``out_dir``; return a JSON-able record of what was done. ``use_finetuned(out_dir)`` then
+        makes this backbone load it (and changes its fingerprint)."""
+        from etn_cli.errors import EtnError
+
+        raise EtnError(
+            f"Backbone {self.name!r} has no fine-tuning stage; remove [finetune] from the pipeline."
+        )
+
+    def use_finetuned(self, out_dir: Path) -> None:
+        """Load what ``finetune`` wrote into ``out_dir``; ``fingerprint()`` must reflect it."""
+        from etn_cli.errors import EtnError
+
+        raise EtnError(f"Backbone {self.name!r} cannot load fine-tuned weights from {out_dir}.")
+
     def classifier(self) -> dict[str, torch.Tensor]:
         """The final classifier layer: ``weight`` (C, D) and ``bias`` (C,), so that
         ``logits == hidden @ weight.T + bias``. Last-layer baselines start from it."""

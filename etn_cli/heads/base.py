@@ -64,13 +64,16 @@ class Head:
     Subclasses set ``name``, ``label`` (display name in reports), ``Config`` (a frozen dataclass
     extending :class:`HeadConfig`) and implement ``_fit``, ``_predict``, ``_state`` and
     ``_load_state``. ``classifier`` is the backbone's final layer (``weight`` (C, D), ``bias``
-    (C,)) for heads that start from it (``needs_classifier``).
+    (C,)) for heads that start from it (``needs_classifier``). ``layers`` maps names to extra
+    per-sample arrays (N, D_l) that extract stored when the pipeline asked for them: pooled
+    intermediate layers (``needs_layers``) or ODIN's perturbed logits; empty otherwise.
     """
 
     name: ClassVar[str]
     label: ClassVar[str]
     Config: ClassVar[type[HeadConfig]] = HeadConfig
     needs_classifier: ClassVar[bool] = False
+    needs_layers: ClassVar[bool] = False  # consumes pooled intermediate layers (``layers``)
 
     def __init__(self, **settings: Any) -> None:
         self.config = build_config(self.Config, settings, f"head {self.name!r}")
@@ -94,11 +97,14 @@ class Head:
         labels: Any,
         *,
         classifier: dict[str, Any] | None = None,
+        layers: dict[str, Any] | None = None,
         device: str = "cpu",
     ) -> Head:
-        """Fit on adaptation features: ``hidden`` (N, D), ``logits`` (N, C), ``labels`` (N,)."""
+        """Fit on adaptation features: ``hidden`` (N, D), ``logits`` (N, C), ``labels`` (N,),
+        and optionally ``layers`` (name -> (N, D_l))."""
         h, z = check_features(hidden, logits)
         y = check_labels(labels, len(h), z.shape[1])
+        extra = self._check_layers(layers, len(h))
         if self.needs_classifier and classifier is None:
             raise EtnError(
                 f"Head {self.name!r} starts from the backbone's classifier weights, but none were "
@@ -106,10 +112,17 @@ class Head:
                 "your shards."
             )
         self.n_features_, self.n_classes_ = h.shape[1], z.shape[1]
-        self._fit(h, z, y, classifier=classifier, device=torch.device(device))
+        self._fit(h, z, y, classifier=classifier, layers=extra, device=torch.device(device))
         return self
 
-    def predict(self, hidden: Any, logits: Any, *, device: str = "cpu") -> Prediction:
+    def predict(
+        self,
+        hidden: Any,
+        logits: Any,
+        *,
+        layers: dict[str, Any] | None = None,
+        device: str = "cpu",
+    ) -> Prediction:
         """Probabilities, uncertainty scores and (evidential heads) alpha for N samples."""
         if self.n_classes_ is None:
             raise EtnError(f"Head {self.name!r} is not fitted. Call fit(...) or load it first.")
@@ -120,7 +133,8 @@ class Head:
                 f"{self.n_classes_} classes, got {h.shape[1]} and {z.shape[1]}. Use features "
                 "from the same backbone."
             )
-        prediction = self._predict(h, z, device=torch.device(device))
+        extra = self._check_layers(layers, len(h))
+        prediction = self._predict(h, z, layers=extra, device=torch.device(device))
         prediction.predictions = predicted_class(prediction.probs, z)
         return prediction
 
@@ -162,14 +176,29 @@ class Head:
             ) from None
         return head
 
+    def _check_layers(self, layers: dict[str, Any] | None, n: int) -> dict[str, torch.Tensor]:
+        extra = {name: to_tensor(a, torch.float32) for name, a in (layers or {}).items()}
+        for name, t in extra.items():
+            if t.ndim != 2 or len(t) != n or not torch.isfinite(t).all():
+                raise EtnError(
+                    f"Layer {name!r} must be a finite (N, D) array with N = {n} rows, got shape "
+                    f"{tuple(t.shape)}. Re-extract the features."
+                )
+        if self.needs_layers and not extra:
+            raise EtnError(
+                f"Head {self.name!r} needs intermediate layers, but the features have none. Ask "
+                "extract for them with layers = [...] in the pipeline's [backbone] table."
+            )
+        return extra
+
     def settings(self) -> dict[str, Any]:
         return dataclasses.asdict(self.config)
 
     # ----------------------------------------------------------------- for subclasses
-    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         raise NotImplementedError
 
-    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         raise NotImplementedError
 
     def _state(self) -> dict[str, torch.Tensor]:

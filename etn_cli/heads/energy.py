@@ -25,10 +25,10 @@ class Energy(Head):
     label = "Energy"
     Config = EnergyConfig
 
-    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         return None
 
-    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         t = self.config.temperature
         z = z.double()
         probs = torch.softmax(z, dim=1).numpy()

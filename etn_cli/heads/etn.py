@@ -110,7 +110,7 @@ class ETN(Head):
         """The learnable prior-belief term, kept positive with a softplus."""
         return F.softplus(self.b_raw_) + EPS
 
-    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         cfg = self.config
         self._build(h.shape[1], z.shape[1])
         if cfg.standardize:
@@ -136,7 +136,7 @@ class ETN(Head):
         return nll + self.config.kl_weight * kl
 
     @torch.no_grad()
-    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         rows = max(1, 2**22 // (self.config.mc_samples * z.shape[1]))
         parts = [
             self._predict_chunk(h[i : i + rows], z[i : i + rows]) for i in range(0, len(h), rows)

@@ -20,7 +20,7 @@ class Mahalanobis(Head):
     name = "mahalanobis"
     label = "Mahalanobis"
 
-    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         h = h.double()
         classes = torch.arange(z.shape[1])
         missing = [int(c) for c in classes if not (y == c).any()]
@@ -34,7 +34,7 @@ class Mahalanobis(Head):
         cov = centred.T @ centred / len(h)  # (D, D)
         self.precision_ = torch.linalg.pinv(cov, hermitian=True)
 
-    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         probs = torch.softmax(z.double(), dim=1).numpy()
         h = h.double()
         hp = h @ self.precision_  # (N, D)

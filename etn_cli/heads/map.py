@@ -15,9 +15,9 @@ class MAP(Head):
     name = "map"
     label = "MAP"
 
-    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         return None
 
-    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         probs = torch.softmax(z.double(), dim=1).numpy()
         return Prediction(probs, probability_scores(probs))

@@ -51,7 +51,7 @@ class Static(Head):
     def _build(self, n_classes: int) -> None:
         self.module_ = StaticScale(1 if self.config.variant == "scalar" else n_classes, self.config)
 
-    def _fit(self, h, z, y, *, classifier, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         cfg = self.config
         self._build(z.shape[1])
 
@@ -65,7 +65,7 @@ class Static(Head):
         self.module_.cpu()
 
     @torch.no_grad()
-    def _predict(self, h, z, *, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         scale, b = self.module_.log_a.double().exp(), F.softplus(self.module_.b_raw.double())
         alpha = evidence(scale * z.double(), b).numpy()  # float64: no early underflow
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)

@@ -61,7 +61,9 @@ def score_head(plan: Plan, unit: MetricsUnit, read: Any, device: str) -> pl.Data
 
 def timed_predict(head: Head, features: Any, device: str) -> tuple[Prediction, float]:
     started = time.perf_counter()
-    prediction = head.predict(features.hidden, features.logits, device=device)
+    prediction = head.predict(
+        features.hidden, features.logits, layers=features.layers, device=device
+    )
     return prediction, time.perf_counter() - started
 
 

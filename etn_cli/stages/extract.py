@@ -50,9 +50,9 @@ def extract_split(plan: Plan, unit: FeatureUnit, device: str) -> None:
         total = -(-len(split) // data.batch_size)
         for inputs, labels, index in progress(batches, f"extract {unit.path.name}", total):
             tick = time.perf_counter()
-            hidden, logits = backbone.forward(inputs)
+            hidden, logits, layers = backbone.extract_batch(inputs)
             forward_s += time.perf_counter() - tick
-            writer.append(hidden, logits, labels, index)
+            writer.append(hidden, logits, labels, index, layers)
         writer.extra["timing"] = {
             "wall_s": time.perf_counter() - started,
             "forward_s": forward_s,

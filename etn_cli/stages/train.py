@@ -45,7 +45,14 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
         weight, bias = load_classifier(plan.classifier_path)
         classifier = {"weight": torch.as_tensor(weight), "bias": torch.as_tensor(bias)}
     started = time.perf_counter()
-    unit.head.fit(adapt.hidden, adapt.logits, adapt.labels, classifier=classifier, device=device)
+    unit.head.fit(
+        adapt.hidden,
+        adapt.logits,
+        adapt.labels,
+        classifier=classifier,
+        layers=adapt.layers,
+        device=device,
+    )
     seconds = time.perf_counter() - started
     record = {
         "head": unit.head.name,
