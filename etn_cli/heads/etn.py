@@ -11,10 +11,18 @@ distribution over the transformation ``a`` of the logits ``z``; each draw gives 
 with ``alpha^y = 1 + (nu - 1) e_y`` and the prior's shape/rate set from its mode and variance.
 The prediction is the MC marginal ``p' = (1/M) sum_m alpha_m / alpha_m0``. With the scalar
 variant and one ``b`` shared by all classes the argmax, hence accuracy, never changes.
+
+Variants (paper Supp. "Modeling Transformation Parameterizations"): ``scalar`` (one Gamma, one
+``b``), ``vector`` (a Gamma per class, a ``b`` per class) and ``matrix``: a per-sample Gaussian
+``vec(A) ~ N(mu, B (x) D)`` with ``B = L_B L_B^T``, ``D = L_D L_D^T``, softplus on the diagonal of
+each sampled A, ``alpha = softplus(A z) + b`` with a ``b`` per class, the closed-form KL to a
+Gaussian prior with the Gamma prior's mode and variance, and ODIR on ``mu``
+(:mod:`etn_cli.heads.matrix`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +40,16 @@ from etn_cli.heads.edl import (
     gamma_prior,
     inverse_softplus,
 )
+from etn_cli.heads.matrix import (
+    apply_softplus_diagonal,
+    check_matrix_feasible,
+    gaussian_prior_from_mode_variance,
+    lower_triangular_factor,
+    matrix_normal_kl,
+    odir_penalty,
+    sample_matrix_normal,
+    transform_logits,
+)
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
 
@@ -43,7 +61,7 @@ class ETNConfig(HeadConfig):
     """Defaults are the paper's CIFAR-10 / VGG16 settings (Table "Training and hyperparameter
     settings"); the pipeline file overrides them per setting."""
 
-    variant: Literal["scalar", "vector"] = "scalar"
+    variant: Literal["scalar", "vector", "matrix"] = "scalar"
     prior_mode: float = 10.0
     prior_variance: float = 5.0
     mc_samples: int = 20
@@ -58,6 +76,8 @@ class ETNConfig(HeadConfig):
     warmup_fraction: float = 0.0
     standardize: bool = False  # z-score h with adaptation-set statistics (not in the paper)
     b_init: float = 1.0
+    odir_weight: float = 1.0  # matrix variant: weight of ODIR on mu (Kull et al. 2019)
+    memory_limit_gib: float | None = None  # matrix variant: refuse above this (default: free RAM)
 
 
 class GammaNet(nn.Module):
@@ -73,6 +93,36 @@ class GammaNet(nn.Module):
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = (h - self.mean) / self.std
         return F.softplus(self.shape_net(x)) + EPS, F.softplus(self.rate_net(x)) + EPS
+
+
+class MatrixNet(nn.Module):
+    """Two MLP modules for the matrix variant: one predicts ``mu`` (C, C), the other the raw
+    Cholesky factors of ``B`` and ``D`` (2, C, C), made lower triangular with a positive
+    diagonal by :func:`lower_triangular_factor`."""
+
+    def __init__(self, n_features: int, n_classes: int, cfg: ETNConfig):
+        super().__init__()
+        self.n_classes = n_classes
+        self.register_buffer("mean", torch.zeros(n_features))
+        self.register_buffer("std", torch.ones(n_features))
+        self.mean_net = mlp(n_features, cfg.width, cfg.depth, n_classes**2)
+        self.factor_net = mlp(n_features, cfg.width, cfg.depth, 2 * n_classes**2)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.n_classes
+        x = (h - self.mean) / self.std
+        mu = self.mean_net(x).view(-1, c, c)  # (B, C, C)
+        raw = self.factor_net(x).view(-1, 2, c, c)  # (B, 2, C, C)
+        return mu, lower_triangular_factor(raw[:, 0]), lower_triangular_factor(raw[:, 1])
+
+
+def memory_limit_bytes(cfg: ETNConfig, device: torch.device) -> int:
+    """The matrix variant's memory budget: the setting, else the device's free memory."""
+    if cfg.memory_limit_gib is not None:
+        return int(cfg.memory_limit_gib * 2**30)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def mlp(n_in: int, width: int, depth: int, n_out: int) -> nn.Sequential:
@@ -96,14 +146,24 @@ class ETN(Head):
     def display_label(self) -> str:
         return "ETN" if self.config.variant == "scalar" else f"ETN ({self.config.variant})"
 
+    @property
+    def is_matrix(self) -> bool:
+        return self.config.variant == "matrix"
+
     def _build(self, n_features: int, n_classes: int) -> None:
-        out_dim = 1 if self.config.variant == "scalar" else n_classes
-        n_b = 1 if self.config.variant == "scalar" else n_classes
-        self.prior_ = gamma_prior(self.config.prior_mode, self.config.prior_variance)
+        cfg = self.config
+        n_b = 1 if cfg.variant == "scalar" else n_classes
+        if self.is_matrix:
+            self.prior_ = gaussian_prior_from_mode_variance(cfg.prior_mode, cfg.prior_variance)
+        else:
+            self.prior_ = gamma_prior(cfg.prior_mode, cfg.prior_variance)
         with torch.random.fork_rng(devices=[]):  # the head's seed fixes the initial weights
-            torch.manual_seed(self.config.seed)
-            self.net_ = GammaNet(n_features, out_dim, self.config)
-        self.b_raw_ = nn.Parameter(torch.full((n_b,), inverse_softplus(self.config.b_init)))
+            torch.manual_seed(cfg.seed)
+            if self.is_matrix:
+                self.net_ = MatrixNet(n_features, n_classes, cfg)
+            else:
+                self.net_ = GammaNet(n_features, 1 if cfg.variant == "scalar" else n_classes, cfg)
+        self.b_raw_ = nn.Parameter(torch.full((n_b,), inverse_softplus(cfg.b_init)))
 
     @property
     def b_(self) -> torch.Tensor:
@@ -112,6 +172,10 @@ class ETN(Head):
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         cfg = self.config
+        if self.is_matrix:
+            limit = memory_limit_bytes(cfg, device)
+            batch = min(cfg.batch_size, len(z))
+            check_matrix_feasible(z.shape[1], batch, cfg.mc_samples, limit, width=cfg.width)
         self._build(h.shape[1], z.shape[1])
         if cfg.standardize:
             self.net_.mean.copy_(h.mean(0))
@@ -127,17 +191,28 @@ class ETN(Head):
         self.b_raw_ = module.b_raw.cpu()
 
     def loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Per-sample ETN loss (B,): MC expected negative log density + lambda * KL."""
-        shape, rate = self.net_(h)  # (B, K)
-        a = torch.distributions.Gamma(shape, rate).rsample((self.config.mc_samples,))  # (M, B, K)
-        alpha = evidence(a * z, self.b_)  # (M, B, C)
-        nll = -expected_dirichlet_log_density(alpha, y, self.config.nu).mean(0)  # (B,)
-        kl = gamma_kl(shape, rate, *self.prior_).sum(-1)  # (B,)
-        return nll + self.config.kl_weight * kl
+        """Per-sample ETN loss (B,): MC expected negative log density + lambda * KL
+        (+ the ODIR penalty on ``mu`` for the matrix variant)."""
+        cfg = self.config
+        if self.is_matrix:
+            mu, l_b, l_d = self.net_(h)  # (B, C, C) each
+            a = apply_softplus_diagonal(sample_matrix_normal(mu, l_b, l_d, cfg.mc_samples))
+            alpha = evidence(transform_logits(a, z), self.b_)  # (M, B, C)
+            kl = matrix_normal_kl(mu, l_b, l_d, *self.prior_)  # (B,)
+            penalty = cfg.odir_weight * odir_penalty(mu)  # (B,)
+        else:
+            shape, rate = self.net_(h)  # (B, K)
+            a = torch.distributions.Gamma(shape, rate).rsample((cfg.mc_samples,))  # (M, B, K)
+            alpha = evidence(a * z, self.b_)  # (M, B, C)
+            kl = gamma_kl(shape, rate, *self.prior_).sum(-1)  # (B,)
+            penalty = 0.0
+        nll = -expected_dirichlet_log_density(alpha, y, cfg.nu).mean(0)  # (B,)
+        return nll + cfg.kl_weight * kl + penalty
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        rows = max(1, 2**22 // (self.config.mc_samples * z.shape[1]))
+        per_row = self.config.mc_samples * z.shape[1] * (z.shape[1] if self.is_matrix else 1)
+        rows = max(1, 2**22 // per_row)
         parts = [
             self._predict_chunk(h[i : i + rows], z[i : i + rows]) for i in range(0, len(h), rows)
         ]
@@ -148,9 +223,14 @@ class ETN(Head):
         return Prediction(probs=probs, scores=scores, alpha=alpha)
 
     def _predict_chunk(self, h: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        shape, rate = self.net_(h)  # (n, K)
-        a = torch.from_numpy(self.quantile_draws(shape.double().numpy(), rate.double().numpy()))
-        alpha = evidence(a * z.double(), self.b_.double())  # (M, n, C)
+        if self.is_matrix:
+            mu, l_b, l_d = (t.double() for t in self.net_(h))  # (n, C, C) each
+            a = apply_softplus_diagonal(mu + l_d @ self.fixed_noise()[:, None] @ l_b.mT)
+            alpha = evidence(transform_logits(a, z.double()), self.b_.double())  # (M, n, C)
+        else:
+            shape, rate = self.net_(h)  # (n, K)
+            a = self.quantile_draws(shape.double().numpy(), rate.double().numpy())
+            alpha = evidence(torch.from_numpy(a) * z.double(), self.b_.double())  # (M, n, C)
         probs = (alpha / alpha.sum(-1, keepdim=True)).mean(0)
         return probs.numpy(), alpha.mean(0).numpy()
 
@@ -170,6 +250,15 @@ class ETN(Head):
         )
         u = levels[order.T] if k > 1 else levels[:, None]  # (M, K)
         return gammaincinv(shape[None], u[:, None, :]) / rate[None]  # (M, n, K)
+
+    def fixed_noise(self) -> torch.Tensor:
+        """The matrix variant's M standard-normal draws ``E`` (M, C, C), fixed by the seed and
+        shared by every row, so a prediction does not depend on its batch (common random
+        numbers; ``A = mu + L_D E L_B^T`` per row)."""
+        c = self.n_classes_
+        generator = torch.Generator().manual_seed(self.config.seed)
+        shape = (self.config.mc_samples, c, c)
+        return torch.randn(shape, generator=generator, dtype=torch.float64)
 
     def _state(self) -> dict[str, torch.Tensor]:
         state = {f"net.{k}": v for k, v in self.net_.state_dict().items()}

@@ -125,25 +125,27 @@ def odir_penalty(mu: torch.Tensor) -> torch.Tensor:
 
 
 def matrix_memory_bytes(
-    num_classes: int, batch_size: int, mc_samples: int, dtype_bytes: int = 4
+    num_classes: int, batch_size: int, mc_samples: int, dtype_bytes: int = 4, width: int = 0
 ) -> int:
-    """Rough activation memory of one training step of the matrix variant, in bytes.
+    """Rough memory of one training step of the matrix variant, in bytes.
 
     Per draw the forward pass keeps four (m, B, C, C) tensors (the noise ``E``, ``L_D E``, the
     sampled A and its softplus-diagonal copy) and the backward pass a gradient for each: 8 of
     them. The three (B, C, C) factors ``mu``, ``L_B``, ``L_D`` and their gradients add 6 more of
-    size B C^2. Weights, optimizer state and the (B, C) tensors are left out as negligible.
+    size B C^2. The network's output layers map ``width`` hidden units to 3 C^2 outputs; with
+    their gradients and Adam's two moments they hold 4 copies. Smaller terms are left out.
     """
     per_draw = mc_samples * batch_size * num_classes**2
     factors = batch_size * num_classes**2
-    return (8 * per_draw + 6 * factors) * dtype_bytes
+    output_layers = 4 * (width + 1) * 3 * num_classes**2
+    return (8 * per_draw + 6 * factors + output_layers) * dtype_bytes
 
 
 def check_matrix_feasible(
-    num_classes: int, batch_size: int, mc_samples: int, limit_bytes: int
+    num_classes: int, batch_size: int, mc_samples: int, limit_bytes: int, width: int = 0
 ) -> None:
     """Raise :class:`EtnError` when the matrix variant would need more than ``limit_bytes``."""
-    needed = matrix_memory_bytes(num_classes, batch_size, mc_samples)
+    needed = matrix_memory_bytes(num_classes, batch_size, mc_samples, width=width)
     if needed > limit_bytes:
         raise EtnError(
             f"The matrix variant needs about {needed / GIB:.1f} GiB for C = {num_classes}, "
