@@ -79,7 +79,7 @@ def run(
     device: Device = None,
     format: Annotated[Format, typer.Option(help="Table format printed.")] = Format.md,
 ) -> None:
-    """Run extract, train, evaluate and report for each pipeline, skipping finished work.
+    """Run (finetune,) extract, train, evaluate and report per pipeline, skipping finished work.
 
     Safe to rerun (e.g. from cron): finished units are found by their content keys and kept.
     Several pipelines run in turn; a failing one does not stop the others, and the exit code
@@ -96,6 +96,29 @@ def run(
         typer.echo(outcome.line(), err=not outcome.ok)
     if not all(o.ok for o in outcomes):
         raise typer.Exit(1)
+
+
+@app.command()
+def finetune(
+    pipeline: PipelineArg,
+    data_dir: DataDir = DEFAULT_DATA,
+    device: Device = None,
+    force: Force = False,
+) -> None:
+    """Stage zero: train the backbone on the split named by the pipeline's finetune table.
+
+    The weights (or adapter) land in <data-dir>/backbones/<backbone>-finetune-<key>/ with a
+    finetune.json record; extract then uses them. Skipped when already complete.
+    """
+    from etn_cli.stages.finetune import finetune as run_finetune
+
+    plan = _plan(pipeline, data_dir)
+    if plan.finetune is None:
+        raise EtnError(
+            f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
+            '(e.g. [finetune] split = "train") or run `etn extract`.'
+        )
+    typer.echo(run_finetune(plan, device=_device(plan, device), force=force).summary())
 
 
 @app.command()
@@ -147,11 +170,13 @@ def report(
     from etn_cli.stages.report import report_files
 
     parquet = [p for p in sources if p.suffix == ".parquet"]
-    tables = [
-        run_report(_plan(p, data_dir), fmt=format.value, metric=metric)
-        for p in sources
-        if p.suffix != ".parquet"
-    ]
+    tables = []
+    for source in sources:
+        if source.suffix != ".parquet":
+            table, plots = run_report(_plan(source, data_dir), fmt=format.value, metric=metric)
+            tables.append(table)
+            for plot in plots:
+                typer.echo(f"plot: {plot}", err=True)
     if parquet:
         tables.append(report_files(parquet, fmt=format.value, metric=metric))
     typer.echo("\n\n".join(tables))

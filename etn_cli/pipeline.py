@@ -15,10 +15,15 @@ prior_mode = 10
 
 Instead of ``[backbone]`` and ``[data]``, a ``[features]`` table points at shard folders a
 user wrote from their own model ("bring your own features"); extract is then skipped.
+
+Optional tables: ``[data.options.<dataset>]`` passes options to one dataset (``download =
+true``, ``size = 64``, ...); ``[finetune]`` trains the backbone first (``etn finetune``, stage
+zero) on ``split`` of the ID dataset, every other key being a setting the backbone checks.
 """
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +42,22 @@ class DataSpec:
     root: str | None = None  # where datasets that need files on disk look for them
     batch_size: int = 256
     shard_rows: int = 65536
+    workers: int = 0  # data-loading processes for extract (torchvision backbones)
+    options: dict = field(default_factory=dict)  # dataset name -> its options table
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.shard_rows < 1 or self.workers < 0:
+            raise EtnError(
+                f"[data] expects batch_size >= 1, shard_rows >= 1 and workers >= 0, found "
+                f"{self.batch_size}, {self.shard_rows} and {self.workers}. Fix them."
+            )
+        used = {self.id, *(name for name, _ in self.ood_sources())}
+        for name, table in self.options.items():
+            if name not in used or not isinstance(table, dict):
+                raise EtnError(
+                    f"[data.options.{name}] must be a table of options for a dataset the "
+                    f"pipeline uses ({', '.join(sorted(used))}); found {table!r}."
+                )
 
     def ood_sources(self) -> list[tuple[str, str]]:
         """``(dataset, split)`` per OOD entry; ``name`` alone means its ``test`` split."""
@@ -56,10 +77,20 @@ class FeaturesSpec:
 
 
 @dataclass(frozen=True)
+class FinetuneSpec:
+    """``[finetune]``: train the backbone on ``split`` of the ID dataset before extracting."""
+
+    split: str = "train"
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class HeadSpec:
     name: str
     settings: dict[str, Any] = field(default_factory=dict)
     label: str | None = None
+    sweep: dict[str, Any] = field(default_factory=dict)  # this point's values of swept settings
+    seeds: tuple[int, ...] | None = None  # the head's own seeds (a swept ``seed``)
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,7 @@ class Pipeline:
     backbone_options: dict[str, Any] = field(default_factory=dict)
     data: DataSpec | None = None
     features: FeaturesSpec | None = None
+    finetune: FinetuneSpec | None = None
     device: str = "auto"
 
     def resolve(self, path: str) -> Path:
@@ -80,7 +112,17 @@ class Pipeline:
         return p if p.is_absolute() else self.path.parent / p
 
 
-TOP_LEVEL = ("name", "description", "seeds", "device", "backbone", "data", "features", "heads")
+TOP_LEVEL = (
+    "name",
+    "description",
+    "seeds",
+    "device",
+    "backbone",
+    "data",
+    "features",
+    "finetune",
+    "heads",
+)
 
 
 def load_pipeline(path: Path) -> Pipeline:
@@ -112,8 +154,9 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
             "(your own shards), not both or neither."
         )
     heads = tuple(
-        parse_head(entry, f"{path} [[heads]] #{i + 1}")
+        spec
         for i, entry in enumerate(raw.get("heads", []))
+        for spec in parse_head(entry, f"{path} [[heads]] #{i + 1}")
     )
     if not heads:
         raise EtnError(f'{path} lists no [[heads]]. Add at least one, e.g. [[heads]] name = "etn".')
@@ -137,15 +180,56 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
         features=build_config(FeaturesSpec, _table(raw, "features", path), f"{path} [features]")
         if "features" in raw
         else None,
+        finetune=parse_finetune(raw, path) if "finetune" in raw else None,
         device=raw.get("device", "auto"),
     )
 
 
-def parse_head(entry: Any, where: str) -> HeadSpec:
+def parse_finetune(raw: dict[str, Any], path: Path) -> FinetuneSpec:
+    settings = dict(_table(raw, "finetune", path))
+    split = settings.pop("split", "train")
+    if "backbone" not in raw or not isinstance(split, str):
+        raise EtnError(
+            f'{path} [finetune] needs a [backbone] to train and split = "..." naming a split '
+            f"of the ID dataset, found split = {split!r}."
+        )
+    return FinetuneSpec(split, settings)
+
+
+def parse_head(entry: Any, where: str) -> list[HeadSpec]:
+    """One ``[[heads]]`` entry as head specs: one, or one per point of its ``sweep`` table.
+
+    ``sweep = { prior_mode = [1, 10, 100], mc_samples = [1, 20] }`` gives the grid of every
+    combination (here 6 heads), each its own cached head and metrics file, so adding a value
+    reruns only the new points. A swept ``seed`` replaces the pipeline's seeds for this head.
+    """
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise EtnError(f'{where} needs name = "...". See `etn ls heads`.')
-    settings = {k: v for k, v in entry.items() if k not in ("name", "label")}
-    return HeadSpec(entry["name"], settings, entry.get("label"))
+    settings = {k: v for k, v in entry.items() if k not in ("name", "label", "sweep")}
+    sweep = dict(entry.get("sweep", {})) if isinstance(entry.get("sweep", {}), dict) else None
+    if sweep is None:
+        raise EtnError(
+            f"{where} sweep must be a table of setting = [values], found "
+            f"{entry['sweep']!r}. Write e.g. sweep = {{ prior_mode = [1, 10, 100] }}."
+        )
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values or len(set(map(repr, values))) < len(values):
+            raise EtnError(
+                f"{where} sweep.{key} must be a non-empty list of distinct values, found "
+                f"{values!r}. Write e.g. {key} = [1, 10, 100]."
+            )
+        if key in settings:
+            raise EtnError(
+                f"{where} sets {key} both as a setting and in sweep. Keep it in one place."
+            )
+    seeds = None
+    if "seed" in sweep:
+        seeds = _seeds(sweep.pop("seed"), Path(where))
+    points = [dict(zip(sweep, combo, strict=True)) for combo in itertools.product(*sweep.values())]
+    return [
+        HeadSpec(entry["name"], settings | point, entry.get("label"), point, seeds)
+        for point in points
+    ]
 
 
 def _table(raw: dict[str, Any], key: str, path: Path) -> dict[str, Any]:

@@ -6,6 +6,7 @@ gives a new key, and a rerun finds the finished units and skips them.
 
 ```
 <data>/backbones/<name>-<key>/                     backbones etn builds itself (digits CNN)
+<data>/backbones/<name>-finetune-<key>/            etn finetune's weights or adapter + finetune.json
 <data>/features/<backbone>-<key>/classifier.safetensors
 <data>/features/<backbone>-<key>/<dataset>.<split>-<key>/   manifest.json + shard-*.h5
 <data>/heads/<head>-<key>/                         head.json, weights.safetensors, train.json
@@ -28,6 +29,9 @@ from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
 METRICS_VERSION = 1
+FINETUNE_VERSION = 1
+# [finetune] settings that change speed or memory, never the weights
+RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
 
 
 @dataclass
@@ -47,6 +51,18 @@ class FeatureUnit:
         if self.fingerprint is not None and "byof" in self.fingerprint:
             return self.fingerprint["byof"]
         return self.path.name.rsplit("-", 1)[-1]
+
+
+@dataclass
+class FinetuneUnit:
+    """Stage zero: the backbone trained on one split, in a content-keyed folder."""
+
+    path: Path
+    key: str
+    dataset: str
+    split: str
+    settings: dict[str, Any]
+    fingerprint: dict[str, Any]
 
 
 @dataclass
@@ -77,6 +93,7 @@ class Plan:
     ood: list[FeatureUnit]
     classifier_path: Path | None
     backbone: Any = None  # the (not yet loaded) Backbone when etn extracts
+    finetune: FinetuneUnit | None = None  # when the pipeline has a [finetune] table
     heads: list[HeadUnit] = field(default_factory=list)
     metrics: list[MetricsUnit] = field(default_factory=list)
 
@@ -96,21 +113,48 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     return plan
 
 
+def open_source(pipeline: Pipeline, dataset: str) -> Any:
+    """The registered dataset ``dataset`` with the pipeline's root and its options table."""
+    from etn_cli.datasets import datasets
+
+    data = pipeline.data
+    assert data is not None
+    root = str(pipeline.resolve(data.root)) if data.root else None
+    return datasets.get(dataset)(root=root, **data.options.get(dataset, {}))
+
+
+def _resolve_path_options(pipeline: Pipeline, keys: tuple[str, ...]) -> dict[str, Any]:
+    """Backbone options naming files (a checkpoint, a model folder, an adapter) are relative to
+    the pipeline file when such a file exists there; otherwise they stay as written (a hub id,
+    a weights enum name, or a path relative to the working directory)."""
+    options = dict(pipeline.backbone_options)
+    for key in keys:
+        value = options.get(key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            candidate = pipeline.resolve(value)
+            if candidate.exists():
+                options[key] = str(candidate)
+    return options
+
+
 def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     from etn_cli.backbones import backbones
     from etn_cli.config import build_config
-    from etn_cli.datasets import datasets
 
     assert pipeline.data is not None and pipeline.backbone is not None
     cls = backbones.get(pipeline.backbone)
-    config = build_config(cls.Config, pipeline.backbone_options, f"{pipeline.path} [backbone]")
+    options = _resolve_path_options(pipeline, getattr(cls, "PATH_OPTIONS", ()))
+    config = build_config(cls.Config, options, f"{pipeline.path} [backbone]")
     backbone = cls(config, cache_dir=data_dir / "backbones")
     backbone_fp = backbone.fingerprint()
+    finetune = _finetune_unit(pipeline, data_dir, backbone) if pipeline.finetune else None
+    if finetune is not None:
+        backbone_fp = {**backbone_fp, "finetune": finetune.key}
     root = data_dir / "features" / f"{pipeline.backbone}-{fingerprint_key(backbone_fp, 12)}"
     data = pipeline.data
 
     def unit(role: str, dataset: str, split: str, name: str) -> FeatureUnit:
-        source = datasets.get(dataset)(root=str(pipeline.resolve(data.root)) if data.root else None)
+        source = open_source(pipeline, dataset)
         if split not in source.splits:
             raise EtnError(
                 f"Dataset {dataset!r} has no split {split!r} ({pipeline.path}). "
@@ -140,7 +184,40 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         ood=ood,
         classifier_path=root / "classifier.safetensors",
         backbone=backbone,
+        finetune=finetune,
     )
+
+
+def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> FinetuneUnit:
+    """The ``[finetune]`` unit: its key covers the backbone as configured, the training split
+    and the settings (checked and completed with defaults when the backbone declares a
+    ``FinetuneConfig``), so a changed setting trains anew and an unchanged one never does."""
+    from etn_cli.config import build_config
+
+    spec, data = pipeline.finetune, pipeline.data
+    assert spec is not None and data is not None
+    source = open_source(pipeline, data.id)
+    if spec.split not in source.splits:
+        raise EtnError(
+            f"{pipeline.path} [finetune] split = {spec.split!r} is not a split of {data.id!r}. "
+            f"Available: {', '.join(source.splits)}"
+        )
+    settings = dict(spec.settings)
+    config_cls = getattr(backbone, "FinetuneConfig", None)
+    if config_cls is not None:
+        checked = build_config(config_cls, settings, f"{pipeline.path} [finetune]")
+        settings = config_dict(checked)
+    fp = {
+        "backbone": backbone.fingerprint(),
+        "dataset": data.id,
+        "split": spec.split,
+        "source": source.split_fingerprint(spec.split),
+        "settings": {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS},
+        "finetune_version": FINETUNE_VERSION,
+    }
+    key = fingerprint_key(fp)
+    path = data_dir / "backbones" / f"{pipeline.backbone}-finetune-{key}"
+    return FinetuneUnit(path, key, data.id, spec.split, dict(spec.settings), fp)
 
 
 def split_key(path: Path) -> str:
@@ -186,12 +263,18 @@ def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
     )
 
 
+def sweep_label(label: str, point: dict[str, Any], variant_in_label: bool) -> str:
+    """``ETN (prior_mode=5)`` for a sweep point; the variant is already in a default label."""
+    shown = {k: v for k, v in point.items() if not (k == "variant" and variant_in_label)}
+    return f"{label} ({', '.join(f'{k}={v}' for k, v in shown.items())})" if shown else label
+
+
 def _head_units(plan: Plan) -> list[HeadUnit]:
     from etn_cli.heads import heads
 
     units = []
     for index, spec in enumerate(plan.pipeline.heads):
-        for seed in plan.pipeline.seeds:
+        for seed in spec.seeds or plan.pipeline.seeds:
             head = heads.get(spec.name)(**(spec.settings | {"seed": seed}))
             fp = {
                 "head": spec.name,
@@ -203,7 +286,7 @@ def _head_units(plan: Plan) -> list[HeadUnit]:
                 "head_format": HEAD_FORMAT,
             }
             key = fingerprint_key(fp)
-            label = spec.label or head.display_label
+            label = sweep_label(spec.label or head.display_label, spec.sweep, spec.label is None)
             path = plan.data_dir / "heads" / f"{spec.name}-{key}"
             units.append(HeadUnit(index, head, seed, label, path, key))
     return units

@@ -48,6 +48,13 @@ class Backbone:
         """Yield ``(inputs, labels, index)`` batches of ``split`` in order, for ``forward``."""
         raise NotImplementedError
 
+    def loader(
+        self, split: Split, batch_size: int, *, workers: int = 0, pin_memory: bool = False
+    ) -> Iterator[tuple[Any, torch.Tensor, torch.Tensor]]:
+        """``batches`` with ``workers`` loading processes and pinned memory where the backbone
+        supports them (image backbones); by default the same as ``batches``."""
+        return self.batches(split, batch_size)
+
     @torch.inference_mode()
     def forward(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(hidden (B, D), logits (B, C))`` for one batch, on the CPU, float32."""

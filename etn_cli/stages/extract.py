@@ -1,16 +1,38 @@
-"""Stage 1: run the backbone once per dataset split and cache hidden states and logits."""
+"""Stage 1: run the backbone once per dataset split and cache hidden states and logits.
+
+The forward pass and the writing of shards overlap: a writer thread appends each batch's
+outputs to the :class:`ShardWriter` (checks, HDF5 writes, checksums) while the main thread
+runs the next batch, with a bounded queue between them so memory stays flat. An error in the
+writer thread is raised again in the main thread, and any error leaves no split folder
+behind (the ShardWriter's private folder is deleted). Backbones run their forward passes under
+``torch.inference_mode`` themselves; this stage does not impose it, since ODIN needs a
+gradient. Batches come from ``backbone.loader(split, batch_size, workers, pin_memory)``: the
+torchvision backbone uses ``[data] workers`` loader processes and pinned memory on CUDA; the
+base class falls back to ``batches(split, batch_size)``.
+"""
 
 from __future__ import annotations
 
+import json
+import queue
+import threading
 import time
+from collections.abc import Callable, Iterable
+from functools import cache
+from types import TracebackType
+from typing import Any
 
 from etn_cli.heads.training import progress
-from etn_cli.plan import FeatureUnit, Plan
+from etn_cli.plan import FeatureUnit, Plan, open_source
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
 from etn_cli.store.atomic import unit_lock
+from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.manifest import split_is_complete
 from etn_cli.store.shards import ShardWriter, save_classifier
+
+QUEUE_BATCHES = 4  # batches waiting for the writer: enough to smooth bursts, little memory
+POLL_SECONDS = 0.1
 
 
 def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
@@ -19,6 +41,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     if plan.backbone is None:  # the user's own shards: nothing to extract
         result.skipped += [str(u.path) for u in plan.feature_units]
         return result
+    backbone = cache(lambda: load_backbone(plan, device))  # built only when there is work
     for unit in plan.feature_units:
         if split_is_complete(unit.path):
             result.skipped.append(str(unit.path))
@@ -28,43 +51,136 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
             if split_is_complete(unit.path):  # another process finished it while we waited
                 result.skipped.append(str(unit.path))
                 continue
-            extract_split(plan, unit, device)
+            extract_split(plan, unit, backbone(), device)
             result.done.append(str(unit.path))
-    _store_classifier(plan)
+    _store_classifier(plan, backbone)
     return result
 
 
-def extract_split(plan: Plan, unit: FeatureUnit, device: str) -> None:
-    from etn_cli.datasets import datasets
+def load_backbone(plan: Plan, device: str) -> Any:
+    """The plan's backbone on ``device``, with ``etn finetune``'s output when the pipeline has
+    a ``[finetune]`` table (a fresh instance, so the plan's copy keeps its fingerprint)."""
+    import torch
 
-    backbone = plan.backbone
+    from etn_cli.stages.finetune import require_finetuned
+
+    template = plan.backbone
+    if plan.finetune is None and template.device == torch.device(device):
+        return template
+    backbone = type(template)(template.config, template.cache_dir, device)
+    if plan.finetune is not None:
+        backbone.use_finetuned(require_finetuned(plan.finetune))
+    return backbone
+
+
+def batches_of(backbone: Any, split: Any, plan: Plan, device: str) -> Iterable:
     data = plan.pipeline.data
     assert data is not None
-    root = str(plan.pipeline.resolve(data.root)) if data.root else None
-    split = datasets.get(unit.dataset)(root=root).load_split(unit.split)
+    pin = device.startswith("cuda")
+    return backbone.loader(split, data.batch_size, workers=data.workers, pin_memory=pin)
+
+
+def extract_split(plan: Plan, unit: FeatureUnit, backbone: Any, device: str) -> None:
+    data = plan.pipeline.data
+    assert data is not None
+    split = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
     record = provenance()
     started = time.perf_counter()
     forward_s = 0.0
     with ShardWriter(unit.path, unit.fingerprint or {}, data.shard_rows, record) as writer:
-        batches = backbone.batches(split, data.batch_size)
-        total = -(-len(split) // data.batch_size)
-        for inputs, labels, index in progress(batches, f"extract {unit.path.name}", total):
-            tick = time.perf_counter()
-            hidden, logits, layers = backbone.extract_batch(inputs)
-            forward_s += time.perf_counter() - tick
-            writer.append(hidden, logits, labels, index, layers)
+        with BackgroundAppender(writer.append) as sink:
+            total = -(-len(split) // data.batch_size)
+            batches = batches_of(backbone, split, plan, device)
+            for inputs, labels, index in progress(batches, f"extract {unit.path.name}", total):
+                tick = time.perf_counter()
+                hidden, logits, extras = backbone.extract_batch(inputs)
+                forward_s += time.perf_counter() - tick
+                sink.put(hidden, logits, labels, index, extras)
         writer.extra["timing"] = {
             "wall_s": time.perf_counter() - started,
             "forward_s": forward_s,
             "forward_s_per_sample": forward_s / max(1, len(split)),
+            "write_s": sink.busy_s,
+            "waiting_for_writer_s": sink.blocked_s,
         }
+        writer.extra["loaded_backbone"] = json.loads(canonical_json(backbone.fingerprint()))
+        writer.extra["loader"] = {"batch_size": data.batch_size, "workers": data.workers}
 
 
-def _store_classifier(plan: Plan) -> None:
+class BackgroundAppender:
+    """Call ``append(*batch)`` in a thread, fed through a bounded queue.
+
+    ``put`` blocks while the queue is full and raises at once if the thread has failed;
+    leaving the block waits for the thread to write everything and re-raises its error. When
+    the block itself fails, the thread is told to stop and joined before the error goes on.
+    """
+
+    def __init__(self, append: Callable[..., None], depth: int = QUEUE_BATCHES) -> None:
+        self.append = append
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.busy_s = 0.0  # time the thread spent appending
+        self.blocked_s = 0.0  # time the main thread waited for room in the queue
+        self.thread = threading.Thread(target=self._run, name="etn-shard-writer", daemon=True)
+
+    def __enter__(self) -> BackgroundAppender:
+        self.thread.start()
+        return self
+
+    def put(self, *batch: Any) -> None:
+        tick = time.perf_counter()
+        while True:
+            self._raise_if_failed()
+            try:
+                self.queue.put(batch, timeout=POLL_SECONDS)
+                break
+            except queue.Full:
+                continue
+        self.blocked_s += time.perf_counter() - tick
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is not None:
+            self.stop.set()
+        while self.thread.is_alive():
+            try:
+                self.queue.put(None, timeout=POLL_SECONDS)  # the end-of-batches marker
+                break
+            except queue.Full:
+                continue
+        self.thread.join()
+        if kind is None:
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while True:
+            batch = self.queue.get()
+            if batch is None or self.stop.is_set():
+                return
+            tick = time.perf_counter()
+            try:
+                self.append(*batch)
+            except BaseException as err:  # handed to the main thread, which raises it
+                self.error = err
+                return
+            finally:
+                self.busy_s += time.perf_counter() - tick
+
+
+def _store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
     path = plan.classifier_path
     if path is None or path.exists():
         return
     with unit_lock(path):
         if not path.exists():
-            weights = plan.backbone.classifier()
+            weights = backbone().classifier()
             save_classifier(path, weights["weight"], weights["bias"], provenance())

@@ -12,6 +12,7 @@ from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan
 from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
+from etn_cli.stages.finetune import finetune
 from etn_cli.stages.report import report
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import train
@@ -45,12 +46,15 @@ def run_pipeline(
     pipeline = load_pipeline(path)
     plan = make_plan(pipeline, data_dir)
     dev = resolve_device(device or pipeline.device)
-    results: list[StageResult] = [
+    results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
+    results += [
         extract(plan, device=dev),
         train(plan, device=dev),
         evaluate(plan, device=dev),
     ]
-    table = report(plan, fmt=fmt)
+    table, plots = report(plan, fmt=fmt)
+    if plots:
+        table += "\n\nplots: " + ", ".join(str(p) for p in plots if p.suffix == ".png")
     message = "; ".join(r.summary() for r in results)
     return RunOutcome(path, True, time.perf_counter() - started, message, table)
 

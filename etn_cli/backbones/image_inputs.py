@@ -1,0 +1,130 @@
+"""Image preprocessing and batching for the torchvision backbone.
+
+:class:`ImageTransform` applies, in order: resize (shorter side to ``resize``), center crop to
+``crop``, conversion to float in [0, 1], and normalisation ``(x - mean) / std`` per channel.
+With torchvision weights its settings are read from the weights' own ``transforms()`` (e.g.
+ResNet50 ``IMAGENET1K_V2``: resize 232, crop 224, bilinear, ImageNet mean / std), and the
+result is identical to theirs. Otherwise the default is no resize, no crop and ImageNet's
+mean / std; each of ``resize``, ``crop``, ``mean``, ``std`` and ``interpolation`` in the
+backbone's options overrides its part (``resize = 0`` / ``crop = 0``: none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from etn_cli.errors import EtnError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """Everything the preprocessing does; part of the backbone's fingerprint."""
+
+    resize: int | None = None
+    crop: int | None = None
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    interpolation: str = "bilinear"
+    antialias: bool = True
+    source: str = "etn default"
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def spec_from_weights(transform: Any, name: str) -> TransformSpec:
+    """Read torchvision's ``ImageClassification`` preset (``weights.transforms()``)."""
+    (resize,) = transform.resize_size
+    (crop,) = transform.crop_size
+    return TransformSpec(
+        resize=int(resize),
+        crop=int(crop),
+        mean=tuple(float(m) for m in transform.mean),
+        std=tuple(float(s) for s in transform.std),
+        interpolation=transform.interpolation.value,
+        antialias=bool(transform.antialias),
+        source=f"{name}.transforms()",
+    )
+
+
+def override(spec: TransformSpec, **options: Any) -> TransformSpec:
+    """``spec`` with every option that is not None replaced (``0`` turns resize / crop off)."""
+    changes = {k: v for k, v in options.items() if v is not None}
+    for key in ("resize", "crop"):
+        if changes.get(key) == 0:
+            changes[key] = None
+    if not changes:
+        return spec
+    values = asdict(spec) | changes | {"source": f"{spec.source} with {sorted(changes)} set"}
+    new = TransformSpec(**values)
+    if len(new.mean) != 3 or len(new.std) != 3 or min(new.std) <= 0:
+        raise EtnError(
+            f"mean and std expect three values (R, G, B) with std > 0, found {new.mean} and "
+            f"{new.std}. Fix them in the pipeline's [backbone] table."
+        )
+    return new
+
+
+class ImageTransform:
+    """PIL image (or uint8 / float CHW tensor) -> normalised float tensor (3, H, W)."""
+
+    def __init__(self, spec: TransformSpec) -> None:
+        self.spec = spec
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import functional as F
+
+        s = self.spec
+        if hasattr(image, "convert") and getattr(image, "mode", "RGB") != "RGB":
+            image = image.convert("RGB")
+        if s.resize:
+            mode = InterpolationMode(s.interpolation)
+            image = F.resize(image, [s.resize], interpolation=mode, antialias=s.antialias)
+        if s.crop:
+            image = F.center_crop(image, [s.crop])
+        if not isinstance(image, torch.Tensor):
+            image = F.pil_to_tensor(image)
+        image = F.convert_image_dtype(image, torch.float)
+        return F.normalize(image, mean=list(s.mean), std=list(s.std))  # (3, H, W)
+
+    def std(self) -> torch.Tensor:
+        return torch.tensor(self.spec.std).view(1, -1, 1, 1)  # (1, 3, 1, 1)
+
+
+class TransformedImages(Dataset):
+    """``(image tensor, label, index)`` of a split: the index travels with its sample."""
+
+    def __init__(self, data: Dataset, index: np.ndarray, transform: ImageTransform) -> None:
+        self.data, self.index, self.transform = data, index, transform
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        image, label = self.data[i]
+        return self.transform(image), int(label), int(self.index[i])
+
+
+def collate_images(
+    items: list[tuple[torch.Tensor, int, int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stack ``(inputs (B, 3, H, W), labels (B,), index (B,))``; unequal sizes raise."""
+    sizes = sorted({tuple(image.shape) for image, _, _ in items})
+    if len(sizes) > 1:
+        raise EtnError(
+            f"Images of one batch have the sizes {sizes[:3]}; the model needs one size. Set "
+            "crop = N (and resize) in the pipeline's [backbone] table."
+        )
+    inputs = torch.stack([image for image, _, _ in items])
+    labels = torch.tensor([label for _, label, _ in items], dtype=torch.int64)
+    index = torch.tensor([i for _, _, i in items], dtype=torch.int64)
+    return inputs, labels, index

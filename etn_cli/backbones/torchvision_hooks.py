@@ -1,0 +1,133 @@
+"""Reading a torchvision model's internals with hooks, never by editing the model.
+
+The hidden state is the input of the final classifier layer (a forward pre-hook on it), and
+``layers`` are the outputs of named modules (forward hooks), pooled to one vector per sample
+for the Dirichlet meta-model: 4-D (B, C, H, W) outputs are averaged over H and W, 2-D (B, D)
+outputs are kept. The hooks live only for one forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from etn_cli.errors import EtnError
+
+
+def find_classifier(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]:
+    """The final classifier layer: ``name`` if given, else the last ``nn.Linear`` registered
+    (``fc`` of ResNets, ``classifier.6`` of VGG, ``heads.head`` of ViT, ...)."""
+    modules = dict(model.named_modules())
+    if name is None:
+        linear = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+        if not linear:
+            raise EtnError(
+                f"{type(model).__name__} has no nn.Linear layer to read hidden states from. "
+                'Pick a model with a linear classifier, or set classifier_layer = "...".'
+            )
+        name = linear[-1]
+    if not isinstance(modules.get(name), nn.Linear):
+        found = type(modules[name]).__name__ if name in modules else "nothing"
+        raise EtnError(
+            f"classifier_layer = {name!r} names {found} in {type(model).__name__}; expected an "
+            "nn.Linear module (see model.named_modules())."
+        )
+    return name, modules[name]
+
+
+def named_layers(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Module]:
+    """The modules of ``model`` called ``names``; an unknown name raises, listing valid ones."""
+    modules = dict(model.named_modules())
+    modules.pop("", None)  # the model itself: its output is the logits, already stored
+    unknown = [name for name in names if name not in modules]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(modules), n=3, cutoff=0.6)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        shown = ", ".join(list(modules)[:60]) + (", ..." if len(modules) > 60 else "")
+        raise EtnError(
+            f"Unknown layer(s) {unknown} in the backbone's layers option.{hint} Valid names: "
+            f"{shown}. Fix layers = [...] in the pipeline's [backbone] table."
+        )
+    return {name: modules[name] for name in names}
+
+
+def pool(output: torch.Tensor, name: str) -> torch.Tensor:
+    """One vector per sample: 4-D (B, C, H, W) outputs averaged over H, W; 2-D kept."""
+    if output.ndim == 4:
+        return output.float().mean(dim=(2, 3))  # (B, C)
+    if output.ndim == 2:
+        return output.float()  # (B, D)
+    raise EtnError(
+        f"Layer {name!r} outputs shape {tuple(output.shape)}; only 2-D (B, D) and 4-D "
+        "(B, C, H, W) outputs can be stored. Pick another layer."
+    )
+
+
+@dataclass
+class Captured:
+    """What one forward pass showed: the head's input and output, and pooled layer outputs."""
+
+    head_input: torch.Tensor | None = None  # (B, D)
+    head_output: torch.Tensor | None = None  # (B, C)
+    head_calls: int = 0
+    layers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def capture(head: nn.Module, layers: dict[str, nn.Module]) -> Iterator[Captured]:
+    """Hooks on ``head`` and ``layers`` for the duration of the block; removed afterwards."""
+    seen = Captured()
+
+    def head_input(module: nn.Module, args: tuple[Any, ...]) -> None:
+        seen.head_input = args[0]
+        seen.head_calls += 1
+
+    def head_output(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        seen.head_output = output
+
+    def layer_hook(name: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+            if not isinstance(output, torch.Tensor):
+                raise EtnError(
+                    f"Layer {name!r} returns a {type(output).__name__}, not a tensor. "
+                    "Pick a layer whose output is one tensor."
+                )
+            # pool now: a later in-place operation cannot alter the stored values
+            seen.layers[name] = pool(output, name)
+
+        return hook
+
+    handles = [head.register_forward_pre_hook(head_input), head.register_forward_hook(head_output)]
+    handles += [m.register_forward_hook(layer_hook(n)) for n, m in layers.items()]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def check_head(seen: Captured, logits: torch.Tensor, head_name: str) -> torch.Tensor:
+    """The hidden state (B, D), after checking that the model's output is the head's output,
+    so that ``logits == hidden @ W.T + b`` holds for what extract stores."""
+    if seen.head_calls != 1 or seen.head_input is None:
+        raise EtnError(
+            f"Layer {head_name!r} ran {seen.head_calls} times in one forward pass; expected "
+            "once. Set classifier_layer to the model's final linear layer."
+        )
+    same = seen.head_output is logits or (
+        seen.head_output is not None
+        and seen.head_output.shape == logits.shape
+        and torch.equal(seen.head_output, logits)
+    )
+    if not same:
+        raise EtnError(
+            f"The model's output is not the output of layer {head_name!r}; the hidden state "
+            "would not explain the logits. Set classifier_layer to the layer that makes them."
+        )
+    return seen.head_input  # (B, D)

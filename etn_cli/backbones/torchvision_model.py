@@ -1,0 +1,319 @@
+"""``torchvision``: any torchvision classification model as an etn backbone.
+
+```toml
+[backbone]
+name = "torchvision"
+model = "resnet50"            # any classification model of torchvision.models.list_models()
+weights = "IMAGENET1K_V2"     # weights name, checkpoint file, etn finetune folder, or "none"
+dtype = "bfloat16"            # autocast on CUDA; features are stored as float32
+```
+
+Hidden state = the input of the final classifier layer (the last ``nn.Linear``, or
+``classifier_layer``), read by a forward pre-hook; logits = the model's output, checked to be
+that layer's output, so ``logits == hidden @ W.T + b`` with ``classifier()``'s ``W``, ``b``.
+Preprocessing: the weights' own ``transforms()`` where they exist, else the documented default
+of :mod:`etn_cli.backbones.image_inputs`. The model is loaded lazily: planning a pipeline only
+resolves names, checks files and computes the fingerprint.
+
+Extract-time extras (``Backbone.extract_batch``), with the same meaning as for ``digits_cnn``:
+
+* ``layers``: module names (``model.named_modules()``) stored as ``layers/<name>``, 4-D outputs
+  averaged over H, W, 2-D outputs as they are (for the Dirichlet meta-model);
+* ``odin``: ``layers/odin = f(x') / T`` with ``x' = x - eps * sign(-grad_x log S_yhat(x; T))``
+  (Liang et al. 2018, Eq. 2). As in the authors' code, ``eps`` is in pixel units: the step on
+  the normalised input is ``eps / std`` per channel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from etn_cli.backbones import torchvision_weights as tvw
+from etn_cli.backbones.base import Backbone, backbones
+from etn_cli.backbones.image_inputs import (
+    ImageTransform,
+    TransformedImages,
+    TransformSpec,
+    collate_images,
+    override,
+    spec_from_weights,
+)
+from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
+from etn_cli.backbones.vision_finetune import FinetuneConfig, seeded, train_classifier
+from etn_cli.config import build_config, config_dict
+from etn_cli.datasets.base import Split
+from etn_cli.errors import EtnError
+
+CODE_VERSION = "1"  # bump whenever extraction or fine-tuning changes for the same inputs
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Options of the ``torchvision`` backbone; every field except ``download`` changes the
+    fingerprint. ``resize`` / ``crop`` / ``mean`` / ``std`` / ``interpolation`` left unset keep
+    the weights' (or the default) preprocessing."""
+
+    model: str = "resnet50"
+    weights: str = "DEFAULT"
+    num_classes: int | None = None
+    seed: int = 0  # random initialisation with weights = "none"
+    download: bool = False
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    resize: int | None = None
+    crop: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None
+    dropout: float | None = None  # for builders that take it (VGG: 0.5 unless set)
+    classifier_layer: str | None = None
+    layers: tuple[str, ...] = ()
+    odin: bool = False
+    odin_temperature: float = 1000.0
+    odin_epsilon: float = 0.0014
+
+    def __post_init__(self) -> None:
+        if self.num_classes is not None and self.num_classes < 2:
+            raise EtnError(f"num_classes must be at least 2, got {self.num_classes}.")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise EtnError(f"dropout must lie in [0, 1), got {self.dropout}. Fix it.")
+        if self.odin_temperature <= 0 or self.odin_epsilon < 0:
+            raise EtnError(
+                f"torchvision config expects odin_temperature > 0 and odin_epsilon >= 0, found "
+                f"{self.odin_temperature} and {self.odin_epsilon}. Fix them in the pipeline file."
+            )
+        repeated = sorted({name for name in self.layers if self.layers.count(name) > 1})
+        if repeated:
+            raise EtnError(f"layers lists {repeated} more than once. List each layer once.")
+        if "odin" in self.layers:
+            raise EtnError(
+                "layers may not contain 'odin': extract stores ODIN's logits under that name. "
+                "Remove it (odin = true asks for them)."
+            )
+
+
+@backbones.register("torchvision")
+class TorchvisionBackbone(Backbone):
+    """A torchvision classifier behind the backbone interface (see the module docstring)."""
+
+    name = "torchvision"
+    Config = Config
+    PATH_OPTIONS = ("weights",)  # resolved relative to the pipeline file
+    FinetuneConfig = FinetuneConfig
+
+    def __init__(self, config: Config | None, cache_dir: Path, device: str = "cpu") -> None:
+        super().__init__(config if config is not None else Config(), cache_dir, device)
+        c = self.config
+        self.weights = tvw.resolve_weights(c.model, c.weights, c.num_classes, c.seed)
+        tvw.check_hub_file(self.weights, c.download)
+        base = (
+            spec_from_weights(self.weights.enum.transforms(), str(self.weights.enum))
+            if self.weights.kind == "hub"
+            else TransformSpec()
+        )
+        options = {k: getattr(c, k) for k in ("resize", "crop", "mean", "std", "interpolation")}
+        self.transform = ImageTransform(override(base, **options))
+        architecture = tvw.skeleton(c.model, self.builder_options())  # names checked early
+        find_classifier(architecture, c.classifier_layer)
+        named_layers(architecture, c.layers)
+        self.finetuned: str | None = None
+        self._model: torch.nn.Module | None = None
+
+    # -- loading ----------------------------------------------------------------------------
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The network on ``self.device`` in eval mode, built on first use."""
+        if self._model is None:
+            c = self.config
+            self.check_dtype()
+            # ordinary tensors even when first used under inference_mode: ODIN needs gradients
+            with torch.inference_mode(False):
+                model = tvw.build_model(c.model, self.weights, c.download, self.builder_options())
+                self._model = model.to(self.device).eval()
+            self.head_name, self.head = find_classifier(model, self.config.classifier_layer)
+            self.layer_modules = named_layers(model, self.config.layers)
+        return self._model
+
+    def builder_options(self) -> dict[str, Any]:
+        return {} if self.config.dropout is None else {"dropout": self.config.dropout}
+
+    def check_dtype(self) -> None:
+        if self.config.dtype != "float32" and self.device.type != "cuda":
+            raise EtnError(
+                f"dtype = {self.config.dtype!r} runs autocast on a CUDA device, but the device "
+                f'is {self.device}. Use dtype = "float32" on the CPU, or --device cuda.'
+            )
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.config.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=DTYPES[self.config.dtype])
+
+    def fingerprint(self) -> dict[str, Any]:
+        import torchvision
+
+        fields = ("model", "num_classes", "dtype", "dropout", "classifier_layer", "layers")
+        odin = ("odin", "odin_temperature", "odin_epsilon") if self.config.odin else ()
+        return {
+            "name": self.name,
+            **{key: getattr(self.config, key) for key in fields + odin},
+            "weights": self.weights.fingerprint,
+            "finetuned": self.finetuned,
+            "transform": self.transform.spec.describe(),
+            "torchvision_version": torchvision.__version__.split("+")[0],
+            "code_version": CODE_VERSION,
+        }
+
+    @property
+    def num_classes(self) -> int:
+        return self.final_layer().out_features
+
+    @property
+    def hidden_size(self) -> int:
+        return self.final_layer().in_features
+
+    def final_layer(self) -> torch.nn.Linear:
+        self.model  # noqa: B018 - builds the model, which sets self.head
+        return self.head
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def loader(
+        self, split: Split, batch_size: int, workers: int = 0, pin_memory: bool = False
+    ) -> DataLoader:
+        """``(inputs (B, 3, H, W), labels (B,), index (B,))`` batches of ``split`` in order,
+        preprocessed in ``workers`` processes, in pinned memory when asked (CUDA)."""
+        data = TransformedImages(split.data, split.index, self.transform)
+        return DataLoader(
+            data,
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            collate_fn=collate_images,
+            persistent_workers=False,
+        )
+
+    def batches(
+        self, split: Split, batch_size: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        yield from self.loader(split, batch_size)
+
+    # -- forward ----------------------------------------------------------------------------
+
+    def run(
+        self, x: torch.Tensor, with_layers: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One forward pass: ``(hidden (B, D), logits (B, C), pooled layers)``, float32."""
+        model = self.model
+        layers = self.layer_modules if with_layers else {}
+        with capture(self.head, layers) as seen, self.autocast():
+            logits = model(x)  # (B, C)
+        hidden = check_head(seen, logits, self.head_name)  # (B, D)
+        return hidden.float(), logits.float(), seen.layers
+
+    @torch.inference_mode()
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = inputs.to(self.device, non_blocking=True)
+        hidden, logits, _ = self.run(x, with_layers=False)
+        return hidden.cpu(), logits.cpu()
+
+    def extract_batch(
+        self, inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """``hidden``, ``logits``, the pooled ``layers`` and, with ``odin``, ODIN's logits."""
+        x = inputs.to(self.device, non_blocking=True)
+        with torch.inference_mode():
+            hidden, logits, extras = self.run(x, with_layers=True)
+        if self.config.odin:
+            extras["odin"] = self.odin_logits(x)
+        return hidden.cpu(), logits.cpu(), {k: v.cpu() for k, v in extras.items()}
+
+    def odin_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """ODIN's scaled logits at the perturbed input (Liang et al. 2018, Eq. 2), (B, C):
+        ``x' = x - eps * sign(-grad_x log S_yhat(x; T)) / std``, ``S = softmax(f(x) / T)``,
+        ``yhat = argmax f(x)``; returns ``f(x') / T``. ``x`` is the normalised input."""
+        t, eps = self.config.odin_temperature, self.config.odin_epsilon
+        x = x.detach().clone().requires_grad_(True)
+        with torch.enable_grad(), self.autocast():
+            scaled = self.model(x).float() / t  # (B, C)
+        log_s = F.log_softmax(scaled, dim=1)
+        top = log_s.gather(1, scaled.argmax(dim=1, keepdim=True)).sum()
+        (grad,) = torch.autograd.grad(top, x)  # (B, 3, H, W)
+        step = eps * torch.sign(-grad) / self.transform.std().to(x.device)
+        with torch.inference_mode(), self.autocast():
+            return (self.model(x.detach() - step).float() / t).float()  # (B, C)
+
+    def classifier(self) -> dict[str, torch.Tensor]:
+        layer = self.final_layer()
+        bias = layer.bias if layer.bias is not None else torch.zeros(layer.out_features)
+        return {
+            "weight": layer.weight.detach().float().cpu().clone(),  # (C, D)
+            "bias": bias.detach().float().cpu().clone(),  # (C,)
+        }
+
+    # -- etn finetune -----------------------------------------------------------------------
+
+    def finetune(self, train: Split, settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+        """Cross-entropy training of the whole model on ``train`` (see ``vision_finetune``);
+        writes ``model.safetensors`` into ``out_dir`` and returns the training record."""
+        from safetensors.torch import save_file
+
+        cfg = build_config(FinetuneConfig, settings, "the pipeline's [finetune] table")
+        started = time.perf_counter()
+        with seeded(cfg.seed, self.device):
+            model = self.model
+            loader = self.train_loader(train, cfg)
+            amp = None if self.config.dtype == "float32" else DTYPES[self.config.dtype]
+            desc = f"finetune {self.config.model}"
+            history = train_classifier(model, loader, cfg, self.device, amp, desc)
+        model.eval()
+        state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(state, str(Path(out_dir) / tvw.FINETUNED_FILE))
+        return {
+            "model": self.config.model,
+            "started_from": self.weights.fingerprint,
+            "settings": config_dict(cfg),
+            "train_rows": len(train),
+            "history": history,
+            "seconds": time.perf_counter() - started,
+            "device": str(self.device),
+            "dtype": self.config.dtype,
+            "weights_file": tvw.FINETUNED_FILE,
+        }
+
+    def train_loader(self, train: Split, cfg: FinetuneConfig) -> DataLoader:
+        data = TransformedImages(train.data, train.index, self.transform)
+        return DataLoader(
+            data,
+            batch_size=cfg.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(cfg.seed),
+            num_workers=cfg.workers,
+            pin_memory=self.device.type == "cuda",
+            collate_fn=collate_images,
+            drop_last=len(data) % cfg.batch_size == 1,  # batch norm cannot train on one sample
+        )
+
+    def use_finetuned(self, out_dir: Path) -> None:
+        """Load ``out_dir/model.safetensors`` (written by :meth:`finetune`) from now on."""
+        path = Path(out_dir) / tvw.FINETUNED_FILE
+        if not path.is_file():
+            raise EtnError(
+                f"Expected fine-tuned weights at {path}, found none. Run `etn finetune` on the "
+                "pipeline first (or delete the incomplete folder)."
+            )
+        num_classes = self.weights.num_classes or self.config.num_classes
+        self.weights = tvw.local_entry(path, num_classes)
+        self.finetuned = Path(out_dir).name
+        self._model = None

@@ -1,0 +1,149 @@
+"""``etn finetune`` for torchvision models: cross-entropy training of the whole network.
+
+The paper trains VGG16-BN on 95% of the CIFAR-10 training set with cross-entropy, batch 1024,
+learning rate 2.5e-4, 200 epochs (Supp. Table "Training and hyperparameter settings"); those
+values live in ``pipelines/cifar10_vgg16.toml``, not here. The paper does not name the
+optimiser or augmentation: the defaults are Adam without augmentation; ``optimizer = "sgd"``
+(momentum 0.9) and ``augment = true`` (random 4-pixel-padded crops and horizontal flips, drawn
+on the device from the seeded generator) are options.
+
+Training is seeded (initialisation, data order, dropout, augmentation); on the CPU it is
+reproducible run to run. The last batch of an epoch is dropped only when it would hold a
+single sample, which batch norm cannot train on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from etn_cli.config import config_dict
+from etn_cli.errors import EtnError
+from etn_cli.heads.training import progress
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """The ``[finetune]`` settings of a torchvision backbone (all but ``split``)."""
+
+    epochs: int = 200
+    batch_size: int = 1024
+    lr: float = 2.5e-4
+    optimizer: Literal["adam", "sgd"] = "adam"
+    momentum: float = 0.9  # sgd only
+    weight_decay: float = 0.0
+    schedule: Literal["constant", "cosine"] = "constant"
+    augment: bool = False
+    seed: int = 0
+    workers: int = 0  # data-loading processes: speed only, never the result
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.workers < 0:
+            raise EtnError(
+                f"[finetune] expects epochs >= 1, batch_size >= 1, lr > 0 and workers >= 0; "
+                f"found {config_dict(self)}. Fix them in the pipeline file."
+            )
+
+
+def make_optimizer(model: nn.Module, cfg: FinetuneConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random crops of the 4-pixel zero-padded images and random horizontal flips, (B, 3, H, W).
+
+    Padding with zeros in the normalised space pads with the dataset mean, as is usual."""
+    b, _, h, w = x.shape
+    padded = F.pad(x, (4, 4, 4, 4))  # (B, 3, H + 8, W + 8)
+    dy = torch.randint(0, 9, (b,), generator=generator, device=x.device)
+    dx = torch.randint(0, 9, (b,), generator=generator, device=x.device)
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (B, 1, 1, W)
+    batch = torch.arange(b, device=x.device)[:, None, None, None]
+    channels = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+    cropped = padded[batch, channels, rows, cols]  # (B, 3, H, W)
+    flip = torch.rand(b, generator=generator, device=x.device) < 0.5
+    return torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
+
+
+def train_classifier(
+    model: nn.Module,
+    loader: DataLoader,
+    cfg: FinetuneConfig,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    desc: str,
+) -> list[dict[str, float]]:
+    """Minimise the mean cross-entropy with ``cfg``'s optimiser; per-epoch loss and accuracy.
+
+    ``amp_dtype`` (bfloat16 / float16) turns on autocast, on CUDA only; float16 also scales
+    the loss against gradient underflow."""
+    model.to(device).train()
+    optimizer = make_optimizer(model, cfg)
+    steps = cfg.epochs * max(1, len(loader))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg.schedule, steps))
+    mixed = amp_dtype is not None and device.type == "cuda"
+    scaler = torch.amp.GradScaler(device.type, enabled=mixed and amp_dtype == torch.float16)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    history = []
+    for epoch in progress(range(cfg.epochs), desc):
+        started, total, correct, seen = time.perf_counter(), 0.0, 0, 0
+        for inputs, labels, _ in loader:
+            x = inputs.to(device, non_blocking=True)
+            y = labels.to(device, non_blocking=True)
+            if cfg.augment:
+                x = augment(x, generator)
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=mixed):
+                logits = model(x)  # (B, C)
+                loss = F.cross_entropy(logits.float(), y)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            total += loss.item() * len(y)
+            correct += int((logits.argmax(1) == y).sum())
+            seen += len(y)
+        if not math.isfinite(total):
+            hint = ' or use dtype = "bfloat16"' if amp_dtype == torch.float16 else ""
+            raise EtnError(
+                f"{desc}: the training loss became {total} in epoch {epoch + 1}; nothing was "
+                f"saved. Lower lr in the [finetune] table{hint}."
+            )
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": total / max(1, seen),
+                "train_accuracy": correct / max(1, seen),
+                "seconds": time.perf_counter() - started,
+            }
+        )
+    return history
+
+
+def lr_factor(schedule: str, steps: int) -> Any:
+    """The learning-rate multiplier per step: 1, or a cosine decay from 1 to 0."""
+    if schedule == "cosine":
+        return lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, steps) / steps))
+    return lambda step: 1.0
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device):  # noqa: ANN201
+    """Seed torch's global generators inside (dropout, random init); restore them after."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,201 @@
+"""Reading multiple-choice questions from JSONL, Parquet and MMLU's original CSV files.
+
+One record is one question in etn's schema::
+
+    {"question": "...", "choices": ["...", "...", "...", "..."], "answer": "B",
+     "context": "optional passage", "id": "optional"}
+
+``answer`` is a letter (A, B, ...) or a 0-based index. The native field names of the sources
+are read too: RACE (``article``, ``options``, ``answer``, ``example_id``; an original per-article
+record with ``questions`` / ``options`` / ``answers`` lists becomes one question each),
+OpenBookQA (``question_stem``, ``choices = {"text": [...], "label": [...]}``, ``answerKey``; the
+original release's ``question = {"stem", "choices": [{"text", "label"}]}``) and MMLU
+(``question``, ``choices``, integer ``answer``; the original header-less CSV rows
+``question, A, B, C, D, answer``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from etn_cli.errors import EtnError
+
+LETTERS = tuple(string.ascii_uppercase)
+SUFFIXES = (".jsonl", ".parquet", ".csv")
+FIX = "Fix the record or see the README's MCQA file schema."
+
+
+@dataclass(frozen=True)
+class Question:
+    """One multiple-choice question; ``answer`` is the 0-based index of the correct choice."""
+
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    context: str = ""
+    id: str = ""
+
+
+def read_questions(path: Path, num_choices: int) -> list[Question]:
+    """Every question in one file, checked to have ``num_choices`` choices."""
+    questions = []
+    for raw, where in read_records(path):
+        for question in parse_record(raw, where):
+            if len(question.choices) != num_choices:
+                raise EtnError(
+                    f"{where}: expected {num_choices} answer choices, found "
+                    f"{len(question.choices)}. {FIX}"
+                )
+            questions.append(question)
+    return questions
+
+
+def read_records(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """``(record, where)`` pairs of a ``.jsonl``, ``.parquet`` or MMLU ``.csv`` file."""
+    if path.suffix == ".jsonl":
+        yield from _jsonl(path)
+    elif path.suffix == ".parquet":
+        yield from _parquet(path)
+    elif path.suffix == ".csv":
+        yield from _mmlu_csv(path)
+    else:
+        raise EtnError(f"Expected a {', '.join(SUFFIXES)} file, got {path}. Convert it.")
+
+
+def _jsonl(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line), f"{path}:{number}"
+            except json.JSONDecodeError as err:
+                raise EtnError(
+                    f"{path}:{number} is not valid JSON ({err.msg}); expected one JSON object "
+                    "per line. Fix or regenerate the file."
+                ) from None
+
+
+def _parquet(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    import polars as pl
+
+    try:
+        rows = pl.read_parquet(path).to_dicts()
+    except (OSError, pl.exceptions.PolarsError) as err:
+        raise EtnError(
+            f"{path} is not a readable Parquet file ({err}). Re-download or regenerate it."
+        ) from None
+    for number, row in enumerate(rows):
+        yield row, f"{path} row {number}"
+
+
+def _mmlu_csv(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """MMLU's original release: no header, six columns per row."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        for number, row in enumerate(csv.reader(handle), start=1):
+            if len(row) != 6:
+                raise EtnError(
+                    f"{path}:{number} has {len(row)} columns; expected MMLU's six "
+                    "(question, A, B, C, D, answer). Use the original MMLU CSV files."
+                )
+            yield {"question": row[0], "choices": row[1:5], "answer": row[5]}, f"{path}:{number}"
+
+
+def parse_record(raw: Any, where: str) -> list[Question]:
+    """Turn one record in etn's schema or a native one (see module docstring) into questions."""
+    if not isinstance(raw, dict):
+        raise EtnError(f"{where}: expected a JSON object, got {type(raw).__name__}. {FIX}")
+    if isinstance(raw.get("questions"), list):
+        return _race_article(raw, where)
+    stem, choices, labels = _question_and_choices(raw, where)
+    key = next((k for k in ("answer", "answerKey") if raw.get(k) is not None), None)
+    if key is None:
+        raise EtnError(f"{where}: no 'answer' (or 'answerKey') field. {FIX}")
+    return [
+        Question(
+            question=stem,
+            choices=choices,
+            answer=answer_index(raw[key], labels, len(choices), where),
+            context=_text(raw.get("context") or raw.get("article") or "", "context", where),
+            id=str(raw.get("id", raw.get("example_id", ""))),
+        )
+    ]
+
+
+def _question_and_choices(
+    raw: dict[str, Any], where: str
+) -> tuple[str, tuple[str, ...], list[str] | None]:
+    question = raw.get("question", raw.get("question_stem"))
+    choices = raw.get("choices", raw.get("options"))
+    if isinstance(question, dict):  # the original OpenBookQA release
+        question, choices = question.get("stem"), question.get("choices")
+    if choices is None and all(letter in raw for letter in "ABCD"):
+        choices = [raw[letter] for letter in "ABCD"]
+    texts, labels = _choices(choices, where)
+    return _text(question, "question", where), texts, labels
+
+
+def _choices(value: Any, where: str) -> tuple[tuple[str, ...], list[str] | None]:
+    """Choice texts and, where the record labels them, their labels."""
+    if isinstance(value, dict) and "text" in value:  # {"text": [...], "label": [...]}
+        texts, labels = value["text"], value.get("label")
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        texts, labels = [v.get("text") for v in value], [v.get("label") for v in value]
+    else:
+        texts, labels = value, None
+    if not isinstance(texts, list) or len(texts) < 2:
+        raise EtnError(
+            f"{where}: expected 'choices' (or 'options') as a list of answer texts, got "
+            f"{value!r:.80}. {FIX}"
+        )
+    if labels is not None and (not isinstance(labels, list) or len(labels) != len(texts)):
+        raise EtnError(f"{where}: choice labels {labels!r} do not match the texts. {FIX}")
+    return tuple(_text(t, "choice", where) for t in texts), labels
+
+
+def answer_index(value: Any, labels: list[str] | None, count: int, where: str) -> int:
+    """The 0-based index of the answer given as a letter, a choice label or an index."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < count:
+        return value
+    if isinstance(value, str):
+        key = value.strip()
+        names = [str(label) for label in labels] if labels else list(LETTERS[:count])
+        if key in names:
+            return names.index(key)
+    raise EtnError(
+        f"{where}: answer {value!r} is not one of the letters {', '.join(LETTERS[:count])} or "
+        f"an index 0..{count - 1}. {FIX}"
+    )
+
+
+def _race_article(raw: dict[str, Any], where: str) -> list[Question]:
+    """An original RACE file: one article with parallel question, option and answer lists."""
+    questions, options, answers = raw["questions"], raw.get("options"), raw.get("answers")
+    if not (isinstance(options, list) and isinstance(answers, list)) or not (
+        len(questions) == len(options) == len(answers)
+    ):
+        raise EtnError(
+            f"{where}: a RACE article needs 'questions', 'options' and 'answers' lists of the "
+            f"same length. {FIX}"
+        )
+    article = _text(raw.get("article", ""), "article", where)
+    ident = str(raw.get("id", ""))
+    parsed = []
+    for k, (stem, choices, answer) in enumerate(zip(questions, options, answers, strict=True)):
+        texts, _ = _choices(choices, f"{where} question {k}")
+        index = answer_index(answer, None, len(texts), f"{where} question {k}")
+        stem = _text(stem, "question", f"{where} question {k}")
+        parsed.append(Question(stem, texts, index, article, f"{ident}#{k}" if ident else ""))
+    return parsed
+
+
+def _text(value: Any, field: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise EtnError(f"{where}: expected {field} text, got {value!r:.80}. {FIX}")
+    return value
