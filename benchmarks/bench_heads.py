@@ -1,13 +1,14 @@
 """Training and inference time of every registered head on CIFAR-shaped cached features.
 
 Method: synthetic features shaped like VGG16 / CIFAR-10 adaptation data (2,500 x 512, C = 10,
-class-dependent means, logits from a fixed linear layer), each head fitted once with the
-paper's CIFAR-10 settings (ETN: M = 20, 50 epochs, batch 1024, lr 1e-3) on the CPU threads
-torch is given, then asked to predict 10,000 rows. The reference is a plain softmax over the
-same logits, timed in the same run, so the ratio says what a head costs on top of reading
-the backbone's own output.
+class-dependent means, logits from a fixed linear layer that is also handed to the heads that
+start from the backbone's classifier, two pooled "layers" for the DMM), each head fitted once
+with its defaults (the paper's CIFAR-10 settings; ETN: M = 20, 50 epochs, batch 1024, lr 1e-3)
+on the CPU threads torch is given, then asked to predict 10,000 rows. ``name:variant`` entries
+time a variant (``etn:matrix``). The reference is a plain softmax over the same logits, timed
+in the same run, so the ratio says what a head costs on top of reading the backbone's output.
 
-    python benchmarks/bench_heads.py [--heads etn static] [--rows 2500] [--dim 512] [--classes 10]
+    python benchmarks/bench_heads.py [--heads etn etn:vector static] [--rows 2500] [--dim 512]
 """
 
 from __future__ import annotations
@@ -20,41 +21,50 @@ import torch
 
 from etn_cli.heads import heads
 
+VARIANTS = ("etn:vector", "etn:matrix", "static:vector", "static:matrix")
 
-def features(rows: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, ...]:
+
+def features(rows: int, dim: int, classes: int, seed: int) -> tuple:
+    """hidden (N, D), logits (N, C), labels (N,), classifier, layers; the backbone (class means,
+    weights, layer projections) is fixed, ``seed`` draws the rows."""
+    rng = np.random.default_rng(0)
+    means = rng.normal(size=(classes, dim)) * 0.5
+    weight = (means * 4).astype(np.float32)  # (C, D)
+    projections = [rng.normal(size=(dim, width)) / np.sqrt(dim) for width in (64, 128)]
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, classes, rows)
-    means = rng.normal(size=(classes, dim)) * 0.5
     hidden = (means[labels] + rng.normal(size=(rows, dim))).astype(np.float32)
-    weight = means.T.astype(np.float32) * 4
-    return hidden, hidden @ weight, labels
+    classifier = {"weight": torch.from_numpy(weight), "bias": torch.zeros(classes)}
+    layers = {f"layer{i}": (hidden @ p).astype(np.float32) for i, p in enumerate(projections)}
+    return hidden, hidden @ weight.T, labels, classifier, layers
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", nargs="*", default=heads.names())
+    parser.add_argument("--heads", nargs="*", default=[*heads.names(), *VARIANTS])
     parser.add_argument("--rows", type=int, default=2500)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--classes", type=int, default=10)
     args = parser.parse_args()
-    h, z, y = features(args.rows, args.dim, args.classes, 0)
-    h_test, z_test, _ = features(10_000, args.dim, args.classes, 1)
+    h, z, y, classifier, layers = features(args.rows, args.dim, args.classes, 0)
+    h_test, z_test, _, _, layers_test = features(10_000, args.dim, args.classes, 1)
     started = time.perf_counter()
     torch.softmax(torch.from_numpy(z_test), 1)
     reference = time.perf_counter() - started
     threads = torch.get_num_threads()
     print(f"features {args.rows} x {args.dim}, C = {args.classes}, torch threads {threads}")
-    print(f"{'head':<12} {'train s':>9} {'predict s':>10} {'us/row':>8} {'x softmax':>10}")
-    for name in args.heads:
-        head = heads.get(name)()
+    print(f"{'head':<16} {'train s':>9} {'predict s':>10} {'us/row':>8} {'x softmax':>10}")
+    for entry in args.heads:
+        name, _, variant = entry.partition(":")
+        head = heads.get(name)(**({"variant": variant} if variant else {}))
         started = time.perf_counter()
-        head.fit(h, z, y)
+        head.fit(h, z, y, classifier=classifier, layers=layers)
         fit_s = time.perf_counter() - started
         started = time.perf_counter()
-        head.predict(h_test, z_test)
+        head.predict(h_test, z_test, layers=layers_test)
         predict_s = time.perf_counter() - started
         per_row_us, ratio = predict_s / 1e4 * 1e6, predict_s / reference
-        print(f"{name:<12} {fit_s:>9.2f} {predict_s:>10.3f} {per_row_us:>8.1f} {ratio:>10.0f}")
+        print(f"{entry:<16} {fit_s:>9.2f} {predict_s:>10.3f} {per_row_us:>8.1f} {ratio:>10.0f}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ long-format Parquet file of metrics per head (DESIGN §3, paper "Uncertainty Met
 
 from __future__ import annotations
 
+import json
 import time
 from functools import cache
 from typing import Any
@@ -89,7 +90,9 @@ def metrics_frame(
         }
         for task, eval_set, m in rows
     ]
+    spec = plan.pipeline.heads[head.spec_index]
     provenance_cols = {
+        "sweep": json.dumps(spec.sweep, sort_keys=True),  # this head's point of a sweep, or {}
         "head_key": head.key,
         "metrics_key": unit.key,
         "config_hash": head.key,

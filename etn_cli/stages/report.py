@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import polars as pl
 
 from etn_cli.errors import EtnError
 from etn_cli.plan import Plan
+from etn_cli.report.plots import sweep_plots
 from etn_cli.report.tables import paper_table, read_metrics, render, summarize
 from etn_cli.store.atomic import atomic_write_text
+from etn_cli.store.fingerprint import fingerprint_key
+
+PLOTS_VERSION = 1  # bump when the plots change for the same metrics
 
 TABLE_FORMATS = ("md", "csv", "tex")
 
@@ -25,16 +32,38 @@ def metrics_paths(plan: Plan) -> list[Path]:
     return [u.path for u in plan.metrics]
 
 
-def report(plan: Plan, *, fmt: str = "md", metric: str = "aupr") -> str:
-    """Render the pipeline's table, and keep md/csv/tex copies under ``reports/<pipeline>/``."""
+def report(plan: Plan, *, fmt: str = "md", metric: str = "aupr") -> tuple[str, list[Path]]:
+    """Render the pipeline's table, keep md/csv/tex copies under ``reports/<pipeline>/`` and
+    draw the ablation plots of swept heads there (PNG and PDF). Returns the table and the plot
+    paths; plots of unchanged metrics are not redrawn."""
     if fmt not in TABLE_FORMATS:
         raise EtnError(f"Unknown table format {fmt!r}. Use one of: {', '.join(TABLE_FORMATS)}.")
-    table = paper_table(summarize(read_metrics(metrics_paths(plan))), metric)
-    folder = plan.data_dir / "reports" / plan.pipeline.name
+    metrics = read_metrics(metrics_paths(plan))
+    table = paper_table(summarize(metrics), metric)
+    folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
     for each in TABLE_FORMATS:
         atomic_write_text(folder / f"{metric}.{each}", render(table, each))
-    return render(table, fmt)
+    return render(table, fmt), _plots(plan, metrics, folder, metric)
+
+
+def _plots(plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str) -> list[Path]:
+    """Draw the sweep plots unless a stamp says these exact metrics files were drawn already."""
+    stamp = folder / f"plots-{metric}.json"
+    key = fingerprint_key({"metrics": [u.key for u in plan.metrics], "plots": PLOTS_VERSION})
+    if stamp.is_file():
+        record = json.loads(stamp.read_text())
+        paths = [folder / name for name in record["files"]]
+        if record["key"] == key and all(p.is_file() for p in paths):
+            return paths
+    paths = sweep_plots(metrics, folder, metric)
+    atomic_write_text(stamp, json.dumps({"key": key, "files": [p.name for p in paths]}))
+    return paths
+
+
+def report_folder(plan: Plan) -> Path:
+    """Where a pipeline's tables and plots go: ``<data>/reports/<pipeline>/``."""
+    return plan.data_dir / "reports" / plan.pipeline.name
 
 
 def report_files(paths: list[Path], *, fmt: str = "md", metric: str = "aupr") -> str:

@@ -1,0 +1,158 @@
+"""The paper's ablation plots from swept heads: AUPR against the swept value, mean over seeds
+with the 95% confidence band shaded (paper Figures "Ablation studies" and "Comparison across
+transformation dimensionalities").
+
+Each metrics row of a swept head carries its point in the ``sweep`` column (JSON, e.g.
+``{"prior_mode": 5}``). For every method and swept setting one figure is drawn with two panels:
+ID confidence estimation (accuracy, MP, UM) and OOD detection (MP, MI, DE on the ``<ID>-OOD``
+average, or on the single OOD set). Numeric settings become lines (log x-axis when the values
+span more than a factor of 20); other values (``variant``) become points with error bars.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from etn_cli.report.tables import summarize
+from etn_cli.store.atomic import atomic_write_bytes
+
+PLOT_FORMATS = ("png", "pdf")
+ID_SERIES = (("acc", None, "ACC"), ("aupr", "mp", "MP"), ("aupr", "um", "UM"))
+OOD_SERIES = (("aupr", "mp", "MP"), ("aupr", "mi", "MI"), ("aupr", "de", "DE"))
+
+
+def sweep_points(df: pl.DataFrame) -> pl.DataFrame:
+    """One row per swept head label: method, label, variant and its parsed sweep point."""
+    if "sweep" not in df.columns:
+        return pl.DataFrame()
+    rows = df.select("method", "method_label", "variant", "sweep").unique(maintain_order=True)
+    rows = rows.filter(pl.col("sweep").is_not_null() & (pl.col("sweep") != "{}"))
+    return rows
+
+
+def sweep_plots(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
+    """Draw every ablation figure of the metrics in ``df`` into ``folder`` as PNG and PDF.
+
+    Returns the written paths (none when no head was swept).
+    """
+    points = sweep_points(df)
+    if points.is_empty():
+        return []
+    summary = summarize(df)
+    written: list[Path] = []
+    for method in points["method"].unique(maintain_order=True).to_list():
+        mine = points.filter(pl.col("method") == method)
+        parsed = [json.loads(s) for s in mine["sweep"].to_list()]
+        labels = mine["method_label"].to_list()
+        for setting in dict.fromkeys(k for point in parsed for k in point):
+            groups: dict[str, list[tuple[Any, str]]] = {}
+            for label, point in zip(labels, parsed, strict=True):
+                if setting in point:
+                    rest = {k: v for k, v in point.items() if k != setting}
+                    groups.setdefault(_describe(rest), []).append((point[setting], label))
+            for rest, members in groups.items():
+                if len(members) < 2:
+                    continue
+                figure = _figure(summary, method, setting, rest, members, metric)
+                stem = _slug(f"sweep-{method}-{setting}" + (f"-{rest}" if rest else ""))
+                for fmt in PLOT_FORMATS:
+                    buffer = io.BytesIO()
+                    figure.savefig(buffer, format=fmt, bbox_inches="tight")
+                    path = folder / f"{stem}.{fmt}"
+                    atomic_write_bytes(path, buffer.getvalue())
+                    written.append(path)
+                _close(figure)
+    return written
+
+
+def _figure(summary, method, setting, rest, members, metric):  # noqa: ANN001, ANN202
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    members = sorted(members, key=lambda m: _sort_key(m[0]))
+    values = [v for v, _ in members]
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    x = np.asarray(values, dtype=float) if numeric else np.arange(len(values), dtype=float)
+    id_dataset = summary["id_dataset"][0]
+    ood_sets = summary.filter(pl.col("task") == "ood")["eval_set"].unique().to_list()
+    ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in ood_sets else sorted(ood_sets)[0]
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True, layout="constrained")
+    panels = (
+        ("ID confidence", "id", id_dataset, ID_SERIES),
+        (f"OOD detection ({ood_set})", "ood", ood_set, OOD_SERIES),
+    )
+    for ax, (title, task, eval_set, series) in zip(axes, panels, strict=True):
+        for metric_name, score, name in series:
+            wanted = metric if metric_name == "aupr" else metric_name
+            mean, ci = _series(
+                summary, [label for _, label in members], task, eval_set, wanted, score
+            )
+            if np.isnan(mean).all():
+                continue
+            if numeric:
+                (line,) = ax.plot(x, 100 * mean, marker="o", label=name)
+                ax.fill_between(
+                    x, 100 * (mean - ci), 100 * (mean + ci), alpha=0.2, color=line.get_color()
+                )
+            else:
+                ax.errorbar(x, 100 * mean, yerr=100 * ci, marker="o", capsize=3, label=name)
+        ax.set_title(title)
+        ax.set_xlabel(setting)
+        if numeric and x.min() > 0 and x.max() / x.min() > 20:
+            ax.set_xscale("log")
+        if not numeric:
+            ax.set_xticks(x, [str(v) for v in values])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel(f"{metric.upper()} (%), ACC (%)")
+    fig.suptitle(f"{method}: {metric.upper()} against {setting}" + (f" ({rest})" if rest else ""))
+    return fig
+
+
+def _series(summary, labels, task, eval_set, metric, score):  # noqa: ANN001, ANN202
+    """Mean and CI half-width per label, NaN where the head has no such score."""
+    rows = summary.filter(
+        (pl.col("task") == task)
+        & (pl.col("eval_set") == eval_set)
+        & (pl.col("metric") == metric)
+        & (pl.col("score").is_null() if score is None else pl.col("score") == score)
+    )
+    by_label = {r["method_label"]: r for r in rows.iter_rows(named=True)}
+    mean = np.array([_value(by_label.get(label), "mean") for label in labels])
+    ci = np.array([_value(by_label.get(label), "ci95") for label in labels])
+    return mean, np.nan_to_num(ci)
+
+
+def _value(row: dict | None, key: str) -> float:
+    return np.nan if row is None or row[key] is None else float(row[key])
+
+
+def _sort_key(value: Any) -> tuple:
+    order = {"scalar": 0, "vector": 1, "matrix": 2}
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, float(value))
+    return (1, order.get(value, 99), str(value))
+
+
+def _describe(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")
+
+
+def _close(figure) -> None:  # noqa: ANN001
+    from matplotlib import pyplot as plt
+
+    plt.close(figure)
