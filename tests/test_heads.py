@@ -32,7 +32,16 @@ def _fit(name: str, data, **settings) -> Head:
     classifier = None
     if head.needs_classifier:
         classifier = {k: torch.from_numpy(v) for k, v in data.classifier.items()}
-    return head.fit(data.hidden, data.logits, data.labels, classifier=classifier)
+    return head.fit(
+        data.hidden, data.logits, data.labels, classifier=classifier, layers=data.layers
+    )
+
+
+def _predict(head: Head, data, rows: slice = slice(None), hidden=None) -> Prediction:
+    """``head.predict`` on ``rows`` of ``data``, with its pooled layers."""
+    hidden = data.hidden if hidden is None else hidden
+    layers = {name: a[rows] for name, a in data.layers.items()}
+    return head.predict(hidden[rows], data.logits[rows], layers=layers)
 
 
 def _assert_same(a: Prediction, b: Prediction) -> None:
@@ -58,7 +67,7 @@ def fitted(request, data) -> Head:
 
 
 def test_every_head_predicts_probabilities_that_sum_to_one(fitted, data):
-    pred = fitted.predict(data.hidden, data.logits)
+    pred = _predict(fitted, data)
     assert pred.probs.shape == (200, 4)
     assert np.isfinite(pred.probs).all()
     assert (pred.probs >= 0).all()
@@ -66,7 +75,7 @@ def test_every_head_predicts_probabilities_that_sum_to_one(fitted, data):
 
 
 def test_every_head_reports_finite_known_scores_of_one_value_per_sample(fitted, data):
-    pred = fitted.predict(data.hidden, data.logits)
+    pred = _predict(fitted, data)
     assert pred.scores, "a head must report at least one score"
     for name, values in pred.scores.items():
         assert name in HIGHER_MEANS_ID, name
@@ -75,7 +84,7 @@ def test_every_head_reports_finite_known_scores_of_one_value_per_sample(fitted, 
 
 
 def test_every_dirichlet_head_has_positive_alpha_of_shape_n_by_c(fitted, data):
-    pred = fitted.predict(data.hidden, data.logits)
+    pred = _predict(fitted, data)
     if pred.alpha is None:
         pytest.skip(f"{fitted.name} has no Dirichlet")
     assert pred.alpha.shape == (200, 4)
@@ -87,7 +96,7 @@ def test_every_head_saved_and_loaded_predicts_exactly_the_same(fitted, data, tmp
     loaded = Head.load(tmp_path)
     assert type(loaded) is type(fitted)
     assert loaded.config == fitted.config
-    _assert_same(loaded.predict(data.hidden, data.logits), fitted.predict(data.hidden, data.logits))
+    _assert_same(_predict(loaded, data), _predict(fitted, data))
 
 
 def test_every_head_fitted_twice_with_the_same_seed_predicts_the_same(fitted, data):
@@ -96,13 +105,13 @@ def test_every_head_fitted_twice_with_the_same_seed_predicts_the_same(fitted, da
     first = _fit(fitted.name, data)
     torch.manual_seed(2)
     second = _fit(fitted.name, data)
-    _assert_same(first.predict(data.hidden, data.logits), second.predict(data.hidden, data.logits))
+    _assert_same(_predict(first, data), _predict(second, data))
 
 
 def test_every_head_predicts_a_sample_the_same_whatever_its_batch(fitted, data):
-    whole = fitted.predict(data.hidden, data.logits)
-    first = fitted.predict(data.hidden[:77], data.logits[:77])
-    second = fitted.predict(data.hidden[77:], data.logits[77:])
+    whole = _predict(fitted, data)
+    first = _predict(fitted, data, slice(None, 77))
+    second = _predict(fitted, data, slice(77, None))
     np.testing.assert_allclose(
         np.concatenate([first.probs, second.probs]), whole.probs, rtol=1e-6, atol=1e-9
     )
@@ -119,12 +128,12 @@ def test_every_head_predicts_a_sample_the_same_whatever_its_batch(fitted, data):
 @pytest.mark.parametrize("name", heads.names())
 def test_every_head_refuses_to_predict_before_it_is_fitted(name, data):
     with pytest.raises(EtnError, match="not fitted"):
-        heads.get(name)().predict(data.hidden, data.logits)
+        _predict(heads.get(name)(), data)
 
 
 def test_every_head_refuses_features_of_another_hidden_size(fitted, data):
     with pytest.raises(EtnError, match="hidden size"):
-        fitted.predict(data.hidden[:, :8], data.logits)
+        _predict(fitted, data, hidden=data.hidden[:, :8])
 
 
 # ----------------------------------------------------------------------------- argmax

@@ -85,5 +85,5 @@ def test_id_score_flips_mutual_information_and_differential_entropy_only():
 
 
 def test_unknown_score_name_lists_the_known_ones():
-    with pytest.raises(EtnError, match="Known scores: de, energy, md, mi, mp, um"):
+    with pytest.raises(EtnError, match="Known scores: de, energy, kernel, md, mi, mp, um"):
         id_score("entropy", np.zeros(2))

@@ -5,6 +5,11 @@ as safetensors in ``cache_dir/digits_cnn-<key>/``; the key hashes the config, th
 fingerprint and :data:`CODE_VERSION`. Training is seeded, single-threaded and deterministic, so
 reruns on one machine give bitwise-identical weights. The hidden state is the input of the final
 linear layer, hence ``logits == hidden @ W.T + b`` exactly.
+
+Two extract-time options add per-sample arrays to the shards (``Backbone.extract_batch``):
+``layers`` stores the outputs of named modules, pooled, for the Dirichlet meta-model, and
+``odin`` stores ODIN's logits at the perturbed input (Liang et al. 2018). Neither changes the
+trained weights, so neither enters the weights' cache key; both enter the fingerprint.
 """
 
 from __future__ import annotations
@@ -38,9 +43,20 @@ CODE_VERSION = "1"  # bump whenever the architecture or training recipe changes
 WEIGHTS_FILE = "model.safetensors"
 
 
+TRAINING_FIELDS = ("channels", "hidden", "epochs", "lr", "batch_size", "dropout", "seed")
+
+
 @dataclass(frozen=True)
 class Config:
-    """Architecture and training recipe; every field goes into the cache key."""
+    """Architecture and training recipe (the :data:`TRAINING_FIELDS`, which make the weights'
+    cache key) and what extract stores besides ``hidden`` and ``logits``:
+
+    * ``layers``: names from ``model.named_modules()`` whose outputs are stored as
+      ``layers/<name>``, 4-D outputs global-average-pooled over H, W, 2-D outputs as they are;
+    * ``odin``: store ``layers/odin = f(x') / T``, the logits at ODIN's perturbed input
+      ``x' = x - eps * sign(-grad_x log S_yhat(x; T))`` divided by ``T``, with ``T`` =
+      ``odin_temperature`` and ``eps`` = ``odin_epsilon`` (Liang et al. 2018's defaults).
+    """
 
     channels: int = 16
     hidden: int = 64
@@ -49,6 +65,10 @@ class Config:
     batch_size: int = 64
     dropout: float = 0.2
     seed: int = 0
+    layers: tuple[str, ...] = ()
+    odin: bool = False
+    odin_temperature: float = 1000.0
+    odin_epsilon: float = 0.0014
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in ("channels", "hidden", "epochs", "batch_size")}
@@ -58,6 +78,20 @@ class Config:
                 f"digits_cnn config expects positive sizes and lr, 0 <= dropout < 1; found "
                 f"{dataclasses.asdict(self)}. Fix these values in the pipeline file."
             )
+        if self.odin_temperature <= 0 or self.odin_epsilon < 0:
+            raise EtnError(
+                f"digits_cnn config expects odin_temperature > 0 and odin_epsilon >= 0, found "
+                f"{self.odin_temperature} and {self.odin_epsilon}. Fix them in the pipeline file."
+            )
+        repeated = sorted({name for name in self.layers if self.layers.count(name) > 1})
+        if repeated:
+            raise EtnError(
+                f"digits_cnn layers lists {repeated} more than once. List each layer once."
+            )
+
+    def training(self) -> dict[str, Any]:
+        """The fields that determine the trained weights (the cache key's config part)."""
+        return {name: getattr(self, name) for name in TRAINING_FIELDS}
 
 
 class DigitsCNN(nn.Module):
@@ -89,7 +123,7 @@ class DigitsCNN(nn.Module):
 def cache_key(config: Config, train_fingerprint: dict[str, Any]) -> str:
     """A short sha256 of everything that determines the trained weights."""
     payload = {
-        "config": dataclasses.asdict(config),
+        "config": config.training(),
         "train": train_fingerprint,
         "code_version": CODE_VERSION,
     }
@@ -140,7 +174,7 @@ def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> N
     started = time.perf_counter()
     model = train_model(config, train)
     meta = {
-        "config": dataclasses.asdict(config),
+        "config": config.training(),
         "train_fingerprint": train.fingerprint,
         "train_accuracy": accuracy(model, train),
         "test_accuracy": accuracy(model, test),
@@ -171,6 +205,52 @@ def publish(tmp: Path, folder: Path) -> None:
             ) from err
 
 
+def named_layers(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Module]:
+    """The modules of ``model`` called ``names``; an unknown name raises, listing valid ones."""
+    modules = dict(model.named_modules())
+    modules.pop("", None)  # the model itself: its output is the logits, already stored
+    unknown = [name for name in names if name not in modules]
+    if unknown:
+        raise EtnError(
+            f"Unknown layer(s) {unknown} in the backbone's layers option. Valid names: "
+            f"{', '.join(modules)}. Fix layers = [...] in the pipeline's [backbone] table."
+        )
+    return {name: modules[name] for name in names}
+
+
+def pool(output: torch.Tensor, name: str) -> torch.Tensor:
+    """One vector per sample: 4-D (B, C, H, W) outputs averaged over H, W; 2-D kept."""
+    if output.ndim == 4:
+        return output.mean(dim=(2, 3))  # (B, C)
+    if output.ndim == 2:
+        return output  # (B, D)
+    raise EtnError(
+        f"Layer {name!r} outputs shape {tuple(output.shape)}; only 2-D (B, D) and 4-D "
+        "(B, C, H, W) outputs can be stored. Pick another layer."
+    )
+
+
+@contextlib.contextmanager
+def pooled_outputs(modules: dict[str, nn.Module]) -> Iterator[dict[str, torch.Tensor]]:
+    """Forward hooks that store each module's pooled output (float32, CPU) into the yielded
+    dict while the block runs; the hooks are removed afterwards."""
+    outputs: dict[str, torch.Tensor] = {}
+
+    def hook_for(name: str):  # noqa: ANN202
+        def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+            # pool now: a later in-place operation cannot alter the stored values
+            outputs[name] = pool(output, name).float().cpu().clone()
+
+        return hook
+
+    handles = [m.register_forward_hook(hook_for(name)) for name, m in modules.items()]
+    try:
+        yield outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 @backbones.register("digits_cnn")
 class DigitsCNNBackbone(Backbone):
     """The digits CNN behind the backbone interface; builds its weights once per cache key."""
@@ -184,6 +264,7 @@ class DigitsCNNBackbone(Backbone):
             self.model = DigitsCNN(self.config, len(ID_CLASSES))
         self.folder = self.load()
         self.model.to(self.device).eval()
+        self.layer_modules = named_layers(self.model, self.config.layers)
 
     def load(self) -> Path:
         """Load the cached weights, training and caching them first when they are missing."""
@@ -241,6 +322,35 @@ class DigitsCNNBackbone(Backbone):
         hidden = self.model.forward_features(inputs.to(self.device, torch.float32))  # (B, D)
         logits = self.model.classifier(hidden)  # (B, C)
         return hidden.float().cpu(), logits.float().cpu()
+
+    def extract_batch(
+        self, inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """``forward``'s outputs plus the pooled ``layers`` and, with ``odin``, ODIN's logits."""
+        with torch.inference_mode(), pooled_outputs(self.layer_modules) as extras:
+            hidden, logits = self.forward(inputs)
+        if self.config.odin:
+            extras["odin"] = self.odin_logits(inputs)
+        return hidden, logits, extras
+
+    def odin_logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """ODIN's scaled logits at the perturbed input (Liang et al. 2018, Eq. 2), (B, C):
+
+        ``x' = x - eps * sign(-grad_x log S_yhat(x; T))``, ``S(x; T) = softmax(f(x) / T)``,
+        ``yhat = argmax f(x)``; returns ``f(x') / T``. The perturbation is taken on the inputs
+        as the backbone reads them (pixels in [0, 1] here), without clipping.
+        """
+        t, eps = self.config.odin_temperature, self.config.odin_epsilon
+        self.model.eval()
+        x = inputs.to(self.device, torch.float32).detach().requires_grad_(True)
+        with torch.enable_grad():
+            scaled = self.model(x) / t  # (B, C)
+            log_s = F.log_softmax(scaled, dim=1)
+            top = log_s.gather(1, scaled.argmax(dim=1, keepdim=True)).sum()
+            (grad,) = torch.autograd.grad(top, x)
+        with torch.inference_mode():
+            perturbed = x.detach() - eps * torch.sign(-grad)
+            return (self.model(perturbed) / t).float().cpu()
 
     def classifier(self) -> dict[str, torch.Tensor]:
         layer = self.model.classifier

@@ -20,6 +20,7 @@ HIGHER_MEANS_ID: dict[str, bool] = {
     "de": False,  # differential entropy of the Dirichlet
     "md": True,  # Mahalanobis score, reported as the negative distance
     "energy": True,  # logsumexp of the logits
+    "kernel": True,  # DUQ's largest RBF kernel value max_c K_c
 }
 
 

@@ -39,7 +39,7 @@ SEED_KEYS = [*SETTING, "eval_set", "task", *METHOD, "metric", "score"]
 PERCENT_METRICS = {"acc", "aupr", "auroc", "fpr95"}
 ID_SCORES = ("mp", "um")
 OOD_SCORES = ("mp", "mi", "de")
-OWN_SCORES = ("md", "energy")  # dedicated OOD-detector scores, shown in one "Own" column
+OWN_SCORES = ("md", "energy", "kernel")  # dedicated OOD-detector scores, one "Own" column
 
 
 def read_metrics(paths: list[Path]) -> pl.DataFrame:
