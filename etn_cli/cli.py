@@ -156,6 +156,37 @@ def evaluate(
 
 
 @app.command()
+def predict(
+    pipeline: PipelineArg,
+    inputs: Annotated[
+        str,
+        typer.Argument(help="An image folder, a .jsonl of questions, or a split: digits:test."),
+    ],
+    head: Annotated[str, typer.Option(help="Head name, report label or folder name.")] = "etn",
+    seed: Annotated[int, typer.Option(help="The seed of the trained head.")] = 0,
+    out: Annotated[Path, typer.Option("--out", "-o", help="A .parquet or .csv file.")] = Path(
+        "predictions.parquet"
+    ),
+    threshold: Annotated[
+        list[str] | None,
+        typer.Option(help="SCORE=VALUE, repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5."),
+    ] = None,
+    data_dir: DataDir = DEFAULT_DATA,
+    device: Device = None,
+) -> None:
+    """Run a pipeline's trained head on new inputs: one row per input with the prediction,
+    its probabilities and every uncertainty score, written to Parquet or CSV."""
+    from etn_cli.stages.predict import output_format, parse_thresholds
+    from etn_cli.stages.predict import predict as run_predict
+
+    thresholds = parse_thresholds(threshold or [])
+    output_format(out)
+    plan = _plan(pipeline, data_dir)
+    options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
+    typer.echo(run_predict(plan, inputs, device=_device(plan, device), **options).summary())
+
+
+@app.command()
 def report(
     sources: Annotated[
         list[Path],
@@ -170,16 +201,41 @@ def report(
     from etn_cli.stages.report import report_files
 
     parquet = [p for p in sources if p.suffix == ".parquet"]
-    tables = []
+    tables, plots = [], []
     for source in sources:
         if source.suffix != ".parquet":
-            table, plots = run_report(_plan(source, data_dir), fmt=format.value, metric=metric)
+            table, drawn = run_report(_plan(source, data_dir), fmt=format.value, metric=metric)
             tables.append(table)
-            for plot in plots:
-                typer.echo(f"plot: {plot}", err=True)
+            plots += [p for p in drawn if p.suffix == ".png"]
     if parquet:
         tables.append(report_files(parquet, fmt=format.value, metric=metric))
     typer.echo("\n\n".join(tables))
+    for plot in plots:  # PNG paths (a PDF lies beside each) on stderr: stdout stays the table
+        typer.echo(f"plot: {plot}", err=True)
+
+
+@app.command()
+def verify(
+    data_dir: DataDir = DEFAULT_DATA,
+    clean_partials: Annotated[
+        bool,
+        typer.Option(
+            "--clean-partials",
+            help="Delete leftovers of interrupted runs that no running etn process holds.",
+        ),
+    ] = False,
+) -> None:
+    """Check every manifest, row count and checksum under the data directory.
+
+    Prints one line per damaged item (what is wrong, how to fix it) and per leftover of an
+    interrupted run, then a summary; exits 1 when anything is damaged.
+    """
+    from etn_cli.stages.verify import verify as run_verify
+
+    outcome = run_verify(data_dir, clean_partials=clean_partials)
+    typer.echo(outcome.render())
+    if outcome.damaged:
+        raise typer.Exit(1)
 
 
 @app.command("ls")
@@ -205,6 +261,17 @@ def list_names(
     typer.echo("\n".join(names))
 
 
+@app.command()
+def status(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA) -> None:
+    """Show each unit of the pipeline (finetune, feature splits, heads x seeds, metrics) as
+    done, partial (in progress or interrupted) or missing, with a summary line."""
+    from etn_cli.stages.status import render_status
+    from etn_cli.stages.status import status as unit_status
+
+    plan = _plan(pipeline, data_dir)
+    typer.echo(render_status(plan, unit_status(plan)))
+
+
 def main() -> None:
     """Entry point: a domain error is one line on stderr and exit status 2."""
     try:
@@ -219,6 +286,13 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted", err=True)
         sys.exit(130)
+    except OSError as err:  # a full disk or a read-only data directory is a user's problem
+        from etn_cli.store.storage import is_storage_error, storage_error
+
+        if not is_storage_error(err):
+            raise
+        typer.echo(f"error: {storage_error(err)}", err=True)
+        sys.exit(2)
     except Exception as err:
         import click
 

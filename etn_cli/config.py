@@ -63,7 +63,10 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
         return float(value)
     if hint is Any or (isinstance(hint, type) and _is_instance(value, hint)):
         return value
-    raise EtnError(f"{where} expected {_name(hint)}, got {value!r} ({type(value).__name__}).")
+    raise EtnError(
+        f"{where} expected {_name(hint)}, got {value!r} ({type(value).__name__}). "
+        "Fix the value's type."
+    )
 
 
 def _is_instance(value: Any, hint: type) -> bool:

@@ -23,6 +23,7 @@ zero) on ``split`` of the ID dataset, every other key being a setting the backbo
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import tomllib
 from dataclasses import dataclass, field
@@ -142,12 +143,18 @@ def load_pipeline(path: Path) -> Pipeline:
 def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
     for key in raw:
         if key not in TOP_LEVEL:
+            close = difflib.get_close_matches(key, TOP_LEVEL, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise EtnError(
-                f"Unknown key {key!r} in {path}. Allowed top-level keys: {', '.join(TOP_LEVEL)}"
+                f"Unknown key {key!r} in {path}.{hint} Allowed top-level keys: "
+                f"{', '.join(TOP_LEVEL)}"
             )
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-        raise EtnError(f"{path}: name must be letters, digits, '-' or '_', got {name!r}.")
+        raise EtnError(
+            f"{path}: name must be letters, digits, '-' or '_' (it names folders in the data "
+            f'directory), got {name!r}. Rename it, e.g. name = "digits".'
+        )
     if ("features" in raw) == ("backbone" in raw or "data" in raw):
         raise EtnError(
             f"{path}: give either [backbone] and [data] (etn extracts features) or [features] "
@@ -245,5 +252,8 @@ def _seeds(value: Any, path: Path) -> tuple[int, ...]:
         or not value
         or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
     ):
-        raise EtnError(f"{path}: seeds must be a non-empty list of integers, got {value!r}.")
+        raise EtnError(
+            f"{path}: seeds must be a non-empty list of integers, got {value!r}. "
+            "Write e.g. seeds = [0, 1, 2]."
+        )
     return tuple(value)

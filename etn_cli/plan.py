@@ -24,11 +24,11 @@ from typing import Any
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HEAD_FORMAT, Head
-from etn_cli.pipeline import Pipeline
+from etn_cli.pipeline import HeadSpec, Pipeline
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 1
+METRICS_VERSION = 2  # 2: runtime columns (backbone_s_per_sample, backbone_passes), sweep
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights
 RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
@@ -105,6 +105,7 @@ class Plan:
 def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
     data_dir = Path(data_dir).resolve()
+    _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
     plan = (
         _own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
     )
@@ -121,6 +122,35 @@ def open_source(pipeline: Pipeline, dataset: str) -> Any:
     assert data is not None
     root = str(pipeline.resolve(data.root)) if data.root else None
     return datasets.get(dataset)(root=root, **data.options.get(dataset, {}))
+
+
+def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = "") -> Any:
+    """``open_source`` for a split the dataset has; otherwise one line naming the close ones."""
+    import difflib
+
+    source = open_source(pipeline, dataset)
+    if split not in source.splits:
+        close = difflib.get_close_matches(split, source.splits, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise EtnError(
+            f"Dataset {dataset!r} has no split {split!r} ({pipeline.path}{where}).{hint} "
+            f"Available: {', '.join(source.splits)}"
+        )
+    return source
+
+
+def _check_names(pipeline: Pipeline) -> None:
+    """Heads with their settings, datasets and splits exist; checked before anything is built."""
+    from etn_cli.heads import heads
+
+    for spec in pipeline.heads:
+        heads.get(spec.name)(**spec.settings)
+    data = pipeline.data
+    if data is not None:
+        for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:
+            checked_source(pipeline, dataset, split)
+        if pipeline.finetune is not None:
+            checked_source(pipeline, data.id, pipeline.finetune.split, " [finetune]")
 
 
 def _resolve_path_options(pipeline: Pipeline, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -154,12 +184,7 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     data = pipeline.data
 
     def unit(role: str, dataset: str, split: str, name: str) -> FeatureUnit:
-        source = open_source(pipeline, dataset)
-        if split not in source.splits:
-            raise EtnError(
-                f"Dataset {dataset!r} has no split {split!r} ({pipeline.path}). "
-                f"Available: {', '.join(source.splits)}"
-            )
+        source = checked_source(pipeline, dataset, split)
         fp = {
             "backbone": backbone_fp,
             "dataset": dataset,
@@ -196,12 +221,7 @@ def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> Finetun
 
     spec, data = pipeline.finetune, pipeline.data
     assert spec is not None and data is not None
-    source = open_source(pipeline, data.id)
-    if spec.split not in source.splits:
-        raise EtnError(
-            f"{pipeline.path} [finetune] split = {spec.split!r} is not a split of {data.id!r}. "
-            f"Available: {', '.join(source.splits)}"
-        )
+    source = checked_source(pipeline, data.id, spec.split, " [finetune]")
     settings = dict(spec.settings)
     config_cls = getattr(backbone, "FinetuneConfig", None)
     if config_cls is not None:
@@ -263,6 +283,13 @@ def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
     )
 
 
+def head_label(spec: HeadSpec, head: Any) -> str:
+    """The name a head goes by in reports: the pipeline's ``label``, else the head's own
+    display label (which may depend on what it was fitted on, like ODIN's), plus its sweep
+    point."""
+    return sweep_label(spec.label or head.display_label, spec.sweep, spec.label is None)
+
+
 def sweep_label(label: str, point: dict[str, Any], variant_in_label: bool) -> str:
     """``ETN (prior_mode=5)`` for a sweep point; the variant is already in a default label."""
     shown = {k: v for k, v in point.items() if not (k == "variant" and variant_in_label)}
@@ -286,7 +313,7 @@ def _head_units(plan: Plan) -> list[HeadUnit]:
                 "head_format": HEAD_FORMAT,
             }
             key = fingerprint_key(fp)
-            label = sweep_label(spec.label or head.display_label, spec.sweep, spec.label is None)
+            label = head_label(spec, head)
             path = plan.data_dir / "heads" / f"{spec.name}-{key}"
             units.append(HeadUnit(index, head, seed, label, path, key))
     return units

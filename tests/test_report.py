@@ -131,3 +131,21 @@ def test_csv_parses_back_with_polars(metrics):
 def test_unknown_format_lists_the_known_ones(metrics):
     with pytest.raises(EtnError, match="md, csv, tex"):
         render(paper_table(summarize(metrics)), "html")
+
+
+def test_runtime_column_adds_the_backbone_passes_to_the_head_time(metrics):
+    """runtime = (inference + passes x backbone forward) per sample, in ms, mean over seeds."""
+    timed = metrics.with_columns(
+        inference_s_per_sample=pl.when(pl.col("method") == "etn").then(2e-5).otherwise(1e-6),
+        backbone_s_per_sample=pl.lit(1e-3),
+        backbone_passes=pl.when(pl.col("method") == "etn").then(1).otherwise(2),
+    )
+    table = paper_table(summarize(timed))
+    cells = dict(zip(table["Method"], table["Runtime ms"].to_list(), strict=True))
+    assert cells["ETN"]["mean"] == pytest.approx(1.02)
+    assert cells["MAP_CE"]["mean"] == pytest.approx(2.001)
+    assert "**1.02**" in render(table, "md")  # lower runtime is better
+
+
+def test_runtime_column_is_absent_without_timing_columns(metrics):
+    assert "Runtime ms" not in paper_table(summarize(metrics)).columns

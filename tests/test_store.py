@@ -6,6 +6,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import threading
 from pathlib import Path
 
 import h5py
@@ -16,6 +17,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.store import (
     ShardWriter,
+    atomic_dir,
     atomic_write_text,
     canonical_json,
     fingerprint_key,
@@ -257,3 +259,103 @@ def test_unit_lock_is_exclusive_between_processes(tmp_path: Path) -> None:
     assert _run_child(unit, timeout=1.0, die_holding=True) == 0
     with unit_lock(unit, timeout=1.0):  # released by the kernel when the holder died
         pass
+
+
+# ------------------------------------------------------------------------ resumable writing
+def append_batches(writer: ShardWriter, arrays: dict, batches: range, batch: int = 6) -> None:
+    for number in batches:
+        part = {key: value[number * batch : (number + 1) * batch] for key, value in arrays.items()}
+        writer.append(part["hidden"], part["logits"], part["labels"], part["index"])
+
+
+def interrupted_write(split_dir: Path, arrays: dict, batches: int, **options) -> None:
+    """A resumable write killed (here: interrupted) after ``batches`` batches."""
+    settings = {"batch_size": 6} | options
+    writer = ShardWriter(split_dir, FINGERPRINT, 12, resume=settings)
+    with pytest.raises(KeyboardInterrupt), writer:
+        append_batches(writer, arrays, range(batches))
+        raise KeyboardInterrupt
+
+
+def test_resumed_write_adopts_journaled_shards_and_equals_an_uninterrupted_one(
+    tmp_path: Path,
+) -> None:
+    arrays = make_arrays(rows=50)
+    with ShardWriter(tmp_path / "whole", FINGERPRINT, 12, resume={"batch_size": 6}) as writer:
+        append_batches(writer, arrays, range(9))
+    interrupted_write(tmp_path / "split", arrays, batches=5)
+    (partial,) = tmp_path.glob("split.partial-*")
+    journal = json.loads((partial / "journal.json").read_text())
+    entries = [(e["file"], e["first_row"], e["stop_row"], e["batches"]) for e in journal["shards"]]
+    assert entries == [("shard-00000.h5", 0, 12, 2), ("shard-00001.h5", 12, 24, 4)]
+    # shards end at batch boundaries; the fifth batch was only buffered when it stopped
+    with ShardWriter(tmp_path / "split", FINGERPRINT, 12, resume={"batch_size": 6}) as writer:
+        assert (writer.resumed_batches, writer.rows) == (4, 24)
+        np.testing.assert_array_equal(writer.resumed_index, arrays["index"][:24])
+        append_batches(writer, arrays, range(4, 9))
+    whole = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    resumed = json.loads((tmp_path / "split" / "manifest.json").read_text())
+    assert resumed["shards"] == whole["shards"]  # byte-identical shards, same checksums
+    assert resumed["resumed"] == {"shards": 2, "rows": 24, "batches": 4}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["split", "whole"]
+    assert not (tmp_path / "split" / "journal.json").exists()
+
+
+def test_a_journaled_shard_that_no_longer_hashes_is_dropped_with_all_after_it(
+    tmp_path: Path,
+) -> None:
+    arrays = make_arrays(rows=50)
+    interrupted_write(tmp_path / "split", arrays, batches=7)
+    (partial,) = tmp_path.glob("split.partial-*")
+    shard = partial / "shard-00001.h5"
+    shard.write_bytes(shard.read_bytes()[:-10])  # torn by a power cut after its journal entry
+    with ShardWriter(tmp_path / "split", FINGERPRINT, 12, resume={"batch_size": 6}) as writer:
+        assert writer.resumed_batches == 2 and sorted(p.name for p in partial.iterdir()) == [
+            "journal.json",
+            "shard-00000.h5",
+        ]
+        append_batches(writer, arrays, range(2, 9))
+    np.testing.assert_array_equal(read_split(tmp_path / "split").hidden, arrays["hidden"])
+
+
+def test_a_journal_made_with_other_settings_is_not_adopted(tmp_path: Path) -> None:
+    arrays = make_arrays(rows=50)
+    interrupted_write(tmp_path / "split", arrays, batches=5, batch_size=5)
+    with ShardWriter(tmp_path / "split", FINGERPRINT, 12, resume={"batch_size": 6}) as writer:
+        assert writer.resumed_batches == 0
+        assert len(list(tmp_path.glob("split.partial-*"))) == 1  # the stale one was deleted
+        append_batches(writer, arrays, range(9))
+    assert len(read_split(tmp_path / "split")) == 50
+
+
+def test_refused_data_discards_even_journaled_shards(tmp_path: Path) -> None:
+    arrays = make_arrays(rows=50)
+    arrays["logits"][40, 0] = np.nan
+    with pytest.raises(EtnError, match="NaN"):
+        with ShardWriter(tmp_path / "s", FINGERPRINT, 12, resume={"batch_size": 6}) as writer:
+            append_batches(writer, arrays, range(9))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_replace_swaps_folders_so_a_reader_never_finds_none(tmp_path: Path) -> None:
+    final = tmp_path / "unit"
+    with atomic_dir(final) as folder:
+        (folder / "value.txt").write_text("0")
+    seen, stop = [], threading.Event()
+
+    def read_forever() -> None:
+        while not stop.is_set():
+            try:
+                seen.append((final / "value.txt").read_text())
+            except FileNotFoundError:
+                seen.append("none")
+
+    reader = threading.Thread(target=read_forever)
+    reader.start()
+    for value in range(1, 40):
+        with atomic_dir(final, replace=True) as folder:
+            (folder / "value.txt").write_text(str(value))
+    stop.set()
+    reader.join()
+    assert "none" not in seen and (final / "value.txt").read_text() == "39"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unit"]

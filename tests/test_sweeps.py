@@ -141,10 +141,10 @@ def test_sweep_run_writes_rows_that_name_their_point(swept):
     }
 
 
-def test_sweep_report_draws_png_and_pdf_plots_per_method_and_setting(swept):
+def test_sweep_report_draws_png_and_pdf_plots_per_method_and_setting_and_figure_1(swept):
     _, data, _ = swept
     folder = data / "reports" / "sweep"
-    for stem in ("sweep-etn-prior_mode", "sweep-static-variant"):
+    for stem in ("sweep-etn-prior_mode", "sweep-static-variant", "frontier"):
         assert (folder / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (folder / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
 

@@ -35,9 +35,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from etn_cli.backbones.base import Backbone, backbones
+from etn_cli.backbones.torchvision_hooks import named_layers, pool
 from etn_cli.datasets.base import Split
 from etn_cli.datasets.digits import ID_CLASSES, Digits
 from etn_cli.errors import EtnError
+from etn_cli.store.atomic import unit_lock
 
 CODE_VERSION = "1"  # bump whenever the architecture or training recipe changes
 WEIGHTS_FILE = "model.safetensors"
@@ -205,31 +207,6 @@ def publish(tmp: Path, folder: Path) -> None:
             ) from err
 
 
-def named_layers(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Module]:
-    """The modules of ``model`` called ``names``; an unknown name raises, listing valid ones."""
-    modules = dict(model.named_modules())
-    modules.pop("", None)  # the model itself: its output is the logits, already stored
-    unknown = [name for name in names if name not in modules]
-    if unknown:
-        raise EtnError(
-            f"Unknown layer(s) {unknown} in the backbone's layers option. Valid names: "
-            f"{', '.join(modules)}. Fix layers = [...] in the pipeline's [backbone] table."
-        )
-    return {name: modules[name] for name in names}
-
-
-def pool(output: torch.Tensor, name: str) -> torch.Tensor:
-    """One vector per sample: 4-D (B, C, H, W) outputs averaged over H, W; 2-D kept."""
-    if output.ndim == 4:
-        return output.mean(dim=(2, 3))  # (B, C)
-    if output.ndim == 2:
-        return output  # (B, D)
-    raise EtnError(
-        f"Layer {name!r} outputs shape {tuple(output.shape)}; only 2-D (B, D) and 4-D "
-        "(B, C, H, W) outputs can be stored. Pick another layer."
-    )
-
-
 @contextlib.contextmanager
 def pooled_outputs(modules: dict[str, nn.Module]) -> Iterator[dict[str, torch.Tensor]]:
     """Forward hooks that store each module's pooled output (float32, CPU) into the yielded
@@ -272,7 +249,10 @@ class DigitsCNNBackbone(Backbone):
         folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train.fingerprint)}"
         weights = folder / WEIGHTS_FILE
         if not weights.is_file():
-            train_and_save(self.config, train, Digits().load_split("test"), folder)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with unit_lock(folder):  # overlapping runs train it once; the other one waits
+                if not weights.is_file():
+                    train_and_save(self.config, train, Digits().load_split("test"), folder)
         try:
             self.model.load_state_dict(load_file(weights), strict=True)
         except (SafetensorError, RuntimeError) as err:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -190,11 +191,14 @@ class CIFARSource(TorchvisionSource):
         return [(folder / name, md5) for name, md5 in listed]
 
     def construct(self, source_split: str) -> Dataset:
+        from etn_cli.store.safe_pickle import arrays_only_unpickling
+
         cls = self.torchvision_class()
         train = source_split == "train"
         try:
-            return cls(str(self.root_path()), train=train, download=self.opts.download)
-        except RuntimeError as err:
+            with arrays_only_unpickling():  # the batches are pickles: rebuild arrays only
+                return cls(str(self.root_path()), train=train, download=self.opts.download)
+        except (RuntimeError, pickle.UnpicklingError) as err:
             raise self.corrupted(err) from None
 
 

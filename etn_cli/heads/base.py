@@ -90,6 +90,13 @@ class Head:
     def display_label(self) -> str:
         return self.label
 
+    @property
+    def backbone_passes(self) -> int:
+        """Backbone forward passes the method needs per sample at inference (the report's
+        runtime adds this many times the backbone's measured forward time); 1 for a head on
+        the cached features."""
+        return 1
+
     def fit(
         self,
         hidden: Any,
@@ -172,7 +179,7 @@ class Head:
             raise EtnError(
                 f"Checkpoint {folder / 'weights.safetensors'} does not match head "
                 f"{meta['head']!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
-                "Retrain the head."
+                "Retrain it with etn train --force."
             ) from None
         return head
 

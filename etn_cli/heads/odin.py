@@ -52,6 +52,11 @@ class ODIN(Head):
         features are unknown and the label is the method's name."""
         return "ODIN (temperature only)" if self.perturbed_ is False else "ODIN"
 
+    @property
+    def backbone_passes(self) -> int:
+        """Perturbed ODIN runs the backbone twice (x, then x') plus one backward pass."""
+        return 2 if self.perturbed_ else 1
+
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         self.perturbed_ = ODIN_LAYER in layers
         if self.perturbed_:

@@ -42,7 +42,8 @@ def _as_matrix(values: np.ndarray, name: str) -> np.ndarray:
         rows = np.flatnonzero(bad.any(axis=1))
         raise EtnError(
             f"{name} contains {int(bad.sum())} non-finite values ({_row_span(rows)}). "
-            "Check the head's outputs or re-run extract with --dtype float32."
+            "Check the head's outputs, or extract in float32 "
+            '(dtype = "float32" in [backbone]).'
         )
     return array
 

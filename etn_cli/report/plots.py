@@ -1,6 +1,7 @@
-"""The paper's ablation plots from swept heads: AUPR against the swept value, mean over seeds
-with the 95% confidence band shaded (paper Figures "Ablation studies" and "Comparison across
-transformation dimensionalities").
+"""The paper's figures from the metrics: the ablation plots of swept heads (AUPR against the
+swept value, mean over seeds with the 95% confidence band shaded; paper Figures "Ablation
+studies" and "Comparison across transformation dimensionalities") and Figure 1, uncertainty
+quality against accuracy and against inference runtime (:func:`frontier_plot`).
 
 Each metrics row of a swept head carries its point in the ``sweep`` column (JSON, e.g.
 ``{"prior_mode": 5}``). For every method and swept setting one figure is drawn with two panels:
@@ -62,14 +63,79 @@ def sweep_plots(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Pa
                     continue
                 figure = _figure(summary, method, setting, rest, members, metric)
                 stem = _slug(f"sweep-{method}-{setting}" + (f"-{rest}" if rest else ""))
-                for fmt in PLOT_FORMATS:
-                    buffer = io.BytesIO()
-                    figure.savefig(buffer, format=fmt, bbox_inches="tight")
-                    path = folder / f"{stem}.{fmt}"
-                    atomic_write_bytes(path, buffer.getvalue())
-                    written.append(path)
-                _close(figure)
+                written += _save(figure, folder, stem)
     return written
+
+
+def _save(figure, folder: Path, stem: str) -> list[Path]:  # noqa: ANN001
+    """Write ``figure`` as ``<stem>.png`` and ``<stem>.pdf`` atomically, then close it."""
+    paths = []
+    for fmt in PLOT_FORMATS:
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format=fmt, bbox_inches="tight")
+        atomic_write_bytes(folder / f"{stem}.{fmt}", buffer.getvalue())
+        paths.append(folder / f"{stem}.{fmt}")
+    _close(figure)
+    return paths
+
+
+def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
+    """Paper Figure 1: each method's OOD detection quality against its accuracy (left) and
+    against its inference runtime per sample (right, log scale), as ``frontier.png`` / ``.pdf``.
+
+    Quality is the method's best OOD score (MP, MI, DE or its own) on the ``<ID>-OOD`` average
+    (or the single OOD set), mean over seeds; runtime is the report's ``runtime_ms``.
+    """
+    summary = summarize(df)
+    if summary.filter(pl.col("task") == "ood").is_empty():
+        return []
+    id_dataset = summary["id_dataset"][0]
+    ood_sets = summary.filter(pl.col("task") == "ood")["eval_set"].unique().to_list()
+    ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in ood_sets else sorted(ood_sets)[0]
+    quality = (
+        summary.filter(
+            (pl.col("eval_set") == ood_set)
+            & (pl.col("metric") == metric)
+            & pl.col("mean").is_not_null()
+        )
+        .group_by("method_label", maintain_order=True)
+        .agg(pl.col("mean").max().alias("quality"))
+    )
+    per_label = {
+        name: summary.filter((pl.col("task") == "id") & (pl.col("metric") == name)).select(
+            "method_label", pl.col("mean").alias(name)
+        )
+        for name in ("acc", "runtime_ms")
+    }
+    points = quality.join(per_label["acc"], on="method_label", how="inner").join(
+        per_label["runtime_ms"], on="method_label", how="left"
+    )
+    if points.is_empty():
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True, layout="constrained")
+    for ax, column, xlabel in (
+        (axes[0], "acc", "accuracy (%)"),
+        (axes[1], "runtime_ms", "inference runtime per sample (ms, log scale)"),
+    ):
+        rows = points.filter(pl.col(column).is_not_null() & (pl.col(column) > 0))
+        scale = 100.0 if column == "acc" else 1.0
+        for label, y, x in rows.select("method_label", "quality", column).iter_rows():
+            ax.scatter(scale * x, 100 * y, s=30)
+            ax.annotate(
+                label, (scale * x, 100 * y), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
+        if column == "runtime_ms":
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"OOD detection {metric.upper()} (%), best score, {ood_set}")
+    fig.suptitle("Uncertainty quality against accuracy and runtime")
+    return _save(fig, folder, "frontier")
 
 
 def _figure(summary, method, setting, rest, members, metric):  # noqa: ANN001, ANN202

@@ -82,6 +82,39 @@ def _ood_average(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+RUNTIME = "runtime_ms"  # pseudo-metric: inference time per sample (backbone + head), ms
+
+
+def _runtime_rows(df: pl.DataFrame) -> pl.DataFrame:
+    """Per head and seed, the inference time of one sample in ms, as metric ``runtime_ms``.
+
+    ``backbone_passes * backbone_s_per_sample`` (the backbone's forward time measured at
+    extraction, times the passes the method needs: 2 for ODIN's perturbation) plus the head's
+    own ``inference_s_per_sample``; files without the backbone columns count the head only.
+    """
+    if "inference_s_per_sample" not in df.columns:
+        return pl.DataFrame(schema=COLUMN_TYPES)
+    backbone = (
+        pl.col("backbone_passes").fill_null(1) * pl.col("backbone_s_per_sample").fill_null(0.0)
+        if {"backbone_passes", "backbone_s_per_sample"} <= set(df.columns)
+        else pl.lit(0.0)
+    )
+    per_head = df.group_by([*SETTING, *METHOD, "seed"], maintain_order=True).agg(
+        ((pl.col("inference_s_per_sample") + backbone) * 1000).first().alias("value")
+    )
+    return per_head.select(
+        *SETTING,
+        pl.col("id_dataset").alias("eval_set"),
+        pl.lit("id").alias("task"),
+        *METHOD,
+        "seed",
+        pl.lit(RUNTIME).alias("metric"),
+        pl.lit(None, pl.String).alias("score"),
+        "value",
+        pl.lit(None, pl.String).alias("note"),
+    )
+
+
 def summarize(df: pl.DataFrame) -> pl.DataFrame:
     """Mean, 95% CI half-width and seed count per setting, eval set, method, metric and score.
 
@@ -90,7 +123,8 @@ def summarize(df: pl.DataFrame) -> pl.DataFrame:
     and keeps the first note saying why.
     """
     long = df.select(pl.col(name).cast(dtype) for name, dtype in COLUMN_TYPES.items())
-    long = pl.concat([long, _ood_average(long)], how="vertical_relaxed")
+    runtime = _runtime_rows(df).select(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items())
+    long = pl.concat([long, _ood_average(long), runtime], how="vertical_relaxed")
     summary = long.group_by(SEED_KEYS, maintain_order=True).agg(
         pl.col("value").mean().alias("mean"),
         pl.col("value").std(ddof=1).alias("std"),
@@ -135,6 +169,8 @@ def _column_specs(summary: pl.DataFrame, metric: str) -> list[tuple[str, pl.Expr
             if summary.filter(pl.col("score").is_in(OWN_SCORES)).height:
                 own = keep & pl.col("score").is_in(OWN_SCORES)
                 specs.append((f"{id_dataset} → {eval_set} Own", own, metric))
+    if summary.filter(pl.col("metric") == RUNTIME).height:
+        specs.append(("Runtime ms", pl.col("metric") == RUNTIME, RUNTIME))
     return specs
 
 
@@ -177,7 +213,7 @@ def paper_table(summary: pl.DataFrame, metric: str = "aupr") -> pl.DataFrame:
     return pl.DataFrame(columns)
 
 
-LOWER_IS_BETTER = {"fpr95", "ece", "nll", "brier"}
+LOWER_IS_BETTER = {"fpr95", "ece", "nll", "brier", RUNTIME}
 RENDER_FORMATS = ("md", "csv", "tex")
 MISSING = "–"
 

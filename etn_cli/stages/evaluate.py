@@ -1,5 +1,9 @@
 """Stage 3: score every trained head on the ID test set and each OOD set, and write one
-long-format Parquet file of metrics per head (DESIGN §3, paper "Uncertainty Metrics")."""
+long-format Parquet file of metrics per head (DESIGN §3, paper "Uncertainty Metrics").
+
+Each file is written whole to a temporary name, fsynced and renamed, so a killed run never
+leaves a truncated Parquet file; a head folder is checked against the checksums in its
+``train.json`` before it is scored."""
 
 from __future__ import annotations
 
@@ -17,35 +21,50 @@ from etn_cli.metrics.evaluation import (
     confidence_metrics,
     ood_metrics,
 )
-from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan
+from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.result import StageResult
-from etn_cli.store.atomic import atomic_write_bytes, unit_lock
+from etn_cli.stages.train import check_plan_features
+from etn_cli.store.atomic import atomic_write_bytes, remove_tmp, unit_lock
+from etn_cli.store.consistency import check_varies
+from etn_cli.store.headfiles import check_head_folder
 from etn_cli.store.shards import read_split
+from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
 
 def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
     """Write the metrics file of every head whose file is missing (or all, with ``force``)."""
     result = StageResult("evaluate")
+    todo = [u for u in plan.metrics if force or not u.path.is_file()]
+    result.skipped += [str(u.path) for u in plan.metrics if u not in todo]
+    if not todo:
+        return result
+    check_plan_features(plan)
+    heads = {unit.key: load_head(unit) for unit in todo}  # every checkpoint, before any write
     read = cache(read_split)
-    for unit in plan.metrics:
-        if unit.path.is_file() and not force:
-            result.skipped.append(str(unit.path))
-            continue
-        unit.path.parent.mkdir(parents=True, exist_ok=True)
-        with unit_lock(unit.path):
-            if unit.path.is_file() and not force:
-                result.skipped.append(str(unit.path))
-                continue
-            frame = score_head(plan, unit, read, device)
-            atomic_write_bytes(unit.path, parquet_bytes(frame))
-            result.done.append(str(unit.path))
+    with explained_storage_errors():
+        for unit in todo:
+            ensure_writable(unit.path.parent)
+            with unit_lock(unit.path):
+                if unit.path.is_file() and not force:  # written while we waited
+                    result.skipped.append(str(unit.path))
+                    continue
+                remove_tmp(unit.path)  # a killed run's half-written file; we hold the lock
+                frame = score_head(plan, unit, heads[unit.key], read, device)
+                atomic_write_bytes(unit.path, parquet_bytes(frame))
+                result.done.append(str(unit.path))
     return result
 
 
-def score_head(plan: Plan, unit: MetricsUnit, read: Any, device: str) -> pl.DataFrame:
-    head = Head.load(unit.head.path)
+def load_head(unit: MetricsUnit) -> Head:
+    """The unit's trained head, after checking its files against ``train.json``."""
+    check_head_folder(unit.head.path)
+    return Head.load(unit.head.path)
+
+
+def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str) -> pl.DataFrame:
     test = read(plan.test.path)
+    check_varies(test.logits, "ID test set", plan.test.path)
     id_pred, seconds = timed_predict(head, test, device)
     correct = id_pred.predictions == test.labels
     rows = [
@@ -56,8 +75,14 @@ def score_head(plan: Plan, unit: MetricsUnit, read: Any, device: str) -> pl.Data
     for ood in plan.ood:
         ood_pred, _ = timed_predict(head, read(ood.path), device)
         rows += [("ood", ood.name, m) for m in ood_metrics(id_pred.scores, ood_pred.scores)]
-    meta = {"inference_s_per_sample": seconds / len(test.labels), "n_test": len(test.labels)}
-    return metrics_frame(plan, unit, rows, meta)
+    timing = (test.manifest or {}).get("timing") or {}  # measured by extract; absent for BYOF
+    meta = {
+        "inference_s_per_sample": seconds / len(test.labels),
+        "n_test": len(test.labels),
+        "backbone_s_per_sample": timing.get("forward_s_per_sample"),
+        "backbone_passes": head.backbone_passes,
+    }
+    return metrics_frame(plan, unit, rows, meta, head)
 
 
 def timed_predict(head: Head, features: Any, device: str) -> tuple[Prediction, float]:
@@ -69,9 +94,14 @@ def timed_predict(head: Head, features: Any, device: str) -> tuple[Prediction, f
 
 
 def metrics_frame(
-    plan: Plan, unit: MetricsUnit, rows: list[tuple[str, str, MetricValue]], meta: dict
+    plan: Plan,
+    unit: MetricsUnit,
+    rows: list[tuple[str, str, MetricValue]],
+    meta: dict,
+    fitted: Head,
 ) -> pl.DataFrame:
     head = unit.head
+    label = head_label(plan.pipeline.heads[head.spec_index], fitted)  # ODIN: known after fit
     records = [
         {
             "pipeline": plan.pipeline.name,
@@ -80,7 +110,7 @@ def metrics_frame(
             "eval_set": eval_set,
             "task": task,
             "method": head.head.name,
-            "method_label": head.label,
+            "method_label": label,
             "variant": head.head.variant,
             "seed": head.seed,
             "metric": m.metric,
@@ -101,12 +131,15 @@ def metrics_frame(
         "metrics_version": METRICS_VERSION,
         "created_at": now(),
         "inference_s_per_sample": float(meta["inference_s_per_sample"]),
+        "backbone_s_per_sample": meta["backbone_s_per_sample"],
+        "backbone_passes": int(meta["backbone_passes"]),
         "n_test": int(meta["n_test"]),
     }
     frame = pl.DataFrame(
         records, schema_overrides={"score": pl.String, "note": pl.String, "value": pl.Float64}
     )
-    return frame.with_columns(pl.lit(v).alias(k) for k, v in provenance_cols.items())
+    frame = frame.with_columns(pl.lit(v).alias(k) for k, v in provenance_cols.items())
+    return frame.with_columns(pl.col("backbone_s_per_sample").cast(pl.Float64))
 
 
 def parquet_bytes(frame: pl.DataFrame) -> bytes:

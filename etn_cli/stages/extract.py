@@ -3,50 +3,68 @@
 The forward pass and the writing of shards overlap: a writer thread appends each batch's
 outputs to the :class:`ShardWriter` (checks, HDF5 writes, checksums) while the main thread
 runs the next batch, with a bounded queue between them so memory stays flat. An error in the
-writer thread is raised again in the main thread, and any error leaves no split folder
-behind (the ShardWriter's private folder is deleted). Backbones run their forward passes under
-``torch.inference_mode`` themselves; this stage does not impose it, since ODIN needs a
-gradient. Batches come from ``backbone.loader(split, batch_size, workers, pin_memory)``: the
-torchvision backbone uses ``[data] workers`` loader processes and pinned memory on CUDA; the
-base class falls back to ``batches(split, batch_size)``.
+writer thread is raised again in the main thread, and no error leaves a split folder under its
+final name. Extraction resumes at shard granularity: every finished shard is journaled in the
+split's private folder (:mod:`etn_cli.store.journal`), a run killed at any moment leaves them
+there, and the next run adopts them and skips the batches they hold (the batch order is
+deterministic and shards end at batch boundaries, so the result equals an uninterrupted run).
+Refused data (NaN, wrong shapes) discards the private folder. Backbones run their forward
+passes under ``torch.inference_mode`` themselves; this stage does not impose it, since ODIN
+needs a gradient. Batches come from ``backbone.loader(split, batch_size, workers,
+pin_memory)``: the torchvision backbone uses ``[data] workers`` loader processes and pinned
+memory on CUDA; the base class falls back to ``batches(split, batch_size)``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
+from etn_cli.errors import EtnError
 from etn_cli.heads.training import progress
 from etn_cli.plan import FeatureUnit, Plan, open_source
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
 from etn_cli.store.atomic import unit_lock
+from etn_cli.store.checks import to_numpy
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.manifest import split_is_complete
 from etn_cli.store.shards import ShardWriter, save_classifier
+from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
 QUEUE_BATCHES = 4  # batches waiting for the writer: enough to smooth bursts, little memory
 POLL_SECONDS = 0.1
 
 
 def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
-    """Write every missing feature unit of ``plan``; finished units are left untouched."""
+    """Write every missing feature unit of ``plan``; finished units are left untouched, and
+    a unit a killed run left half done is resumed from its journaled shards."""
     result = StageResult("extract")
     if plan.backbone is None:  # the user's own shards: nothing to extract
         result.skipped += [str(u.path) for u in plan.feature_units]
         return result
+    with explained_storage_errors():
+        _extract_units(plan, device, result)
+    return result
+
+
+def _extract_units(plan: Plan, device: str, result: StageResult) -> None:
     backbone = cache(lambda: load_backbone(plan, device))  # built only when there is work
     for unit in plan.feature_units:
         if split_is_complete(unit.path):
             result.skipped.append(str(unit.path))
             continue
-        unit.path.parent.mkdir(parents=True, exist_ok=True)
+        ensure_writable(unit.path.parent)
         with unit_lock(unit.path):
             if split_is_complete(unit.path):  # another process finished it while we waited
                 result.skipped.append(str(unit.path))
@@ -54,7 +72,6 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
             extract_split(plan, unit, backbone(), device)
             result.done.append(str(unit.path))
     _store_classifier(plan, backbone)
-    return result
 
 
 def load_backbone(plan: Plan, device: str) -> Any:
@@ -81,30 +98,86 @@ def batches_of(backbone: Any, split: Any, plan: Plan, device: str) -> Iterable:
 
 
 def extract_split(plan: Plan, unit: FeatureUnit, backbone: Any, device: str) -> None:
+    """Write one split's shards and manifest, resuming from an interrupted run's shards."""
     data = plan.pipeline.data
     assert data is not None
     split = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
     record = provenance()
     started = time.perf_counter()
     forward_s = 0.0
-    with ShardWriter(unit.path, unit.fingerprint or {}, data.shard_rows, record) as writer:
+    fingerprint = unit.fingerprint or {}
+    resume = {"batch_size": data.batch_size}  # the batches must be the same to skip them
+    with ShardWriter(unit.path, fingerprint, data.shard_rows, record, resume=resume) as writer:
         with BackgroundAppender(writer.append) as sink:
-            total = -(-len(split) // data.batch_size)
-            batches = batches_of(backbone, split, plan, device)
+            total = -(-len(split) // data.batch_size) - writer.resumed_batches
+            batches = remaining_batches(batches_of(backbone, split, plan, device), writer)
             for inputs, labels, index in progress(batches, f"extract {unit.path.name}", total):
                 tick = time.perf_counter()
                 hidden, logits, extras = backbone.extract_batch(inputs)
                 forward_s += time.perf_counter() - tick
                 sink.put(hidden, logits, labels, index, extras)
+        computed = max(1, len(split) - len(writer.resumed_index))
         writer.extra["timing"] = {
             "wall_s": time.perf_counter() - started,
             "forward_s": forward_s,
-            "forward_s_per_sample": forward_s / max(1, len(split)),
+            "forward_s_per_sample": forward_s / computed,
             "write_s": sink.busy_s,
             "waiting_for_writer_s": sink.blocked_s,
         }
         writer.extra["loaded_backbone"] = json.loads(canonical_json(backbone.fingerprint()))
         writer.extra["loader"] = {"batch_size": data.batch_size, "workers": data.workers}
+
+
+def remaining_batches(loader: Iterable, writer: ShardWriter) -> Iterable:
+    """The batches after the ``writer.resumed_batches`` that adopted shards already hold.
+
+    A torch ``DataLoader`` reading its dataset in order restarts at the first row not yet
+    written (no image is decoded twice); any other loader is read through the skipped batches
+    without a forward pass, checking that they hold the rows the shards hold.
+    """
+    skip = writer.resumed_batches
+    if skip == 0:
+        return loader
+    tail = tail_loader(loader, skip, len(writer.resumed_index))
+    return tail if tail is not None else _skipped(loader, skip, writer.resumed_index, writer)
+
+
+def tail_loader(loader: Any, skip: int, rows: int) -> Any:
+    """A copy of a sequential ``DataLoader`` that starts after its first ``skip`` batches, or
+    None when ``loader`` is not one (or the skipped batches do not hold ``rows`` rows)."""
+    from torch.utils.data import DataLoader, SequentialSampler, Subset
+
+    if not isinstance(loader, DataLoader) or not isinstance(loader.sampler, SequentialSampler):
+        return None
+    size = len(loader.dataset)
+    if loader.batch_size is None or loader.drop_last or min(skip * loader.batch_size, size) != rows:
+        return None
+    options = {
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers:
+        options["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(Subset(loader.dataset, range(rows, size)), shuffle=False, **options)
+
+
+def _skipped(loader: Iterable, skip: int, covered: np.ndarray, writer: ShardWriter) -> Iterator:
+    batches = iter(loader)
+    seen = [to_numpy(index) for _, _, index in itertools.islice(batches, skip)]
+    found = np.concatenate(seen).astype(np.int64) if seen else np.empty(0, np.int64)
+    if not np.array_equal(found, covered):
+        raise EtnError(
+            f"Expected the first {skip} batches of {Path(writer.split_dir).name} to hold the "
+            f"{len(covered)} rows its interrupted run wrote, found {len(found)} rows in another "
+            "order; the interrupted shards were discarded. Run etn extract again to start afresh."
+        )
+    yield from batches
 
 
 class BackgroundAppender:

@@ -9,12 +9,12 @@ import polars as pl
 
 from etn_cli.errors import EtnError
 from etn_cli.plan import Plan
-from etn_cli.report.plots import sweep_plots
+from etn_cli.report.plots import frontier_plot, sweep_plots
 from etn_cli.report.tables import paper_table, read_metrics, render, summarize
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
-PLOTS_VERSION = 1  # bump when the plots change for the same metrics
+PLOTS_VERSION = 2  # bump when the plots change for the same metrics
 
 TABLE_FORMATS = ("md", "csv", "tex")
 
@@ -56,7 +56,7 @@ def _plots(plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str) -> list
         paths = [folder / name for name in record["files"]]
         if record["key"] == key and all(p.is_file() for p in paths):
             return paths
-    paths = sweep_plots(metrics, folder, metric)
+    paths = sweep_plots(metrics, folder, metric) + frontier_plot(metrics, folder, metric)
     atomic_write_text(stamp, json.dumps({"key": key, "files": [p.name for p in paths]}))
     return paths
 

@@ -1,4 +1,8 @@
-"""``etn run``: every stage of one or more pipelines, skipping finished work."""
+"""``etn run``: every stage of one or more pipelines, skipping finished work.
+
+Safe to run from cron and to overlap: every unit is built under its own kernel lock, a killed
+run leaves nothing a rerun cannot resume or rebuild, and two runs on one data directory build
+each unit once between them."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from etn_cli.stages.finetune import finetune
 from etn_cli.stages.report import report
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import train
+from etn_cli.store.storage import explained_storage_errors
 
 
 @dataclass
@@ -44,15 +49,16 @@ def run_pipeline(
 ) -> RunOutcome:
     started = time.perf_counter()
     pipeline = load_pipeline(path)
-    plan = make_plan(pipeline, data_dir)
-    dev = resolve_device(device or pipeline.device)
-    results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
-    results += [
-        extract(plan, device=dev),
-        train(plan, device=dev),
-        evaluate(plan, device=dev),
-    ]
-    table, plots = report(plan, fmt=fmt)
+    with explained_storage_errors():  # a full disk or a read-only folder is one line
+        plan = make_plan(pipeline, data_dir)
+        dev = resolve_device(device or pipeline.device)
+        results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
+        results += [
+            extract(plan, device=dev),
+            train(plan, device=dev),
+            evaluate(plan, device=dev),
+        ]
+        table, plots = report(plan, fmt=fmt)
     if plots:
         table += "\n\nplots: " + ", ".join(str(p) for p in plots if p.suffix == ".png")
     message = "; ".join(r.summary() for r in results)

@@ -1,4 +1,9 @@
-"""Stage 2: fit every head of the pipeline, per seed, on the cached adaptation features."""
+"""Stage 2: fit every head of the pipeline, per seed, on the cached adaptation features.
+
+A head is built in a private folder (``head.json``, ``weights.safetensors``, then ``train.json``
+with their checksums) renamed into place when complete; ``--force`` builds a new folder and
+swaps it in. Before any head is fitted, the pipeline's splits are checked to fit together.
+"""
 
 from __future__ import annotations
 
@@ -13,30 +18,48 @@ from etn_cli.config import config_dict
 from etn_cli.plan import HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
-from etn_cli.store.atomic import atomic_dir, unit_lock
+from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
+from etn_cli.store.consistency import check_splits, check_varies
+from etn_cli.store.headfiles import RECORD, head_checksums
 from etn_cli.store.shards import Features, load_classifier, read_split
+from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
 
 def head_is_complete(path: Path) -> bool:
-    return (path / "train.json").is_file()
+    return (path / RECORD).is_file()
+
+
+def check_plan_features(plan: Plan) -> None:
+    """The adaptation, test and OOD splits fit together (one backbone, labels in range, ...)."""
+    check_splits(plan.adapt.path, plan.test.path, {u.name: u.path for u in plan.ood})
 
 
 def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
     """Fit every missing head unit; finished heads are left untouched unless ``force``."""
     result = StageResult("train")
-    reader = cache(lambda: read_split(plan.adapt.path))
-    for unit in plan.heads:
-        if head_is_complete(unit.path) and not force:
-            result.skipped.append(str(unit.path))
-            continue
-        unit.path.parent.mkdir(parents=True, exist_ok=True)
-        with unit_lock(unit.path):
-            if head_is_complete(unit.path) and not force:
-                result.skipped.append(str(unit.path))
-                continue
-            fit_and_save(plan, unit, reader(), device, replace=force)
-            result.done.append(str(unit.path))
+    todo = [u for u in plan.heads if force or not head_is_complete(u.path)]
+    result.skipped += [str(u.path) for u in plan.heads if u not in todo]
+    if not todo:
+        return result
+    check_plan_features(plan)
+    reader = cache(lambda: _adaptation_features(plan))
+    with explained_storage_errors():
+        for unit in todo:
+            ensure_writable(unit.path.parent)
+            with unit_lock(unit.path):
+                if head_is_complete(unit.path) and not force:  # finished while we waited
+                    result.skipped.append(str(unit.path))
+                    continue
+                remove_partials(unit.path)  # left by a killed run; we hold the lock
+                fit_and_save(plan, unit, reader(), device, replace=force)
+                result.done.append(str(unit.path))
     return result
+
+
+def _adaptation_features(plan: Plan) -> Features:
+    features = read_split(plan.adapt.path)
+    check_varies(features.logits, "adaptation set", plan.adapt.path)
+    return features
 
 
 def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, replace: bool) -> None:
@@ -69,4 +92,5 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
     }
     with atomic_dir(unit.path, replace=replace) as tmp:
         unit.head.save(tmp)
-        (tmp / "train.json").write_text(json.dumps(record, indent=2))
+        record["files"] = head_checksums(tmp)
+        (tmp / RECORD).write_text(json.dumps(record, indent=2))  # last: marks the head complete

@@ -1,7 +1,11 @@
 """Feature store: HDF5 shards of cached backbone outputs, manifests, content keys, atomic writes.
 
 ``extract`` writes split folders with :class:`ShardWriter`; ``train`` and ``evaluate`` read them
-with :func:`read_split`. See :mod:`etn_cli.store.shards` for the on-disk format.
+with :func:`read_split`. See :mod:`etn_cli.store.shards` for the on-disk format. How work
+survives kills and overlapping runs: :mod:`etn_cli.store.atomic` (private write then rename,
+kernel locks), :mod:`etn_cli.store.journal` (extraction resumes at shard granularity),
+:mod:`etn_cli.store.leftovers` (what interrupted runs leave), :mod:`etn_cli.store.consistency`
+and :mod:`etn_cli.store.headfiles` (checks before a stage writes anything).
 """
 
 from etn_cli.store.atomic import (

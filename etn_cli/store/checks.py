@@ -93,6 +93,58 @@ def check_unique_index(index: np.ndarray, where: str, fix: str) -> None:
     )
 
 
+def checked_batch(
+    hidden: Any,
+    logits: Any,
+    labels: Any,
+    index: Any,
+    layers: dict[str, Any],
+    where: str,
+    widths: dict[str, int] | None,
+) -> dict[str, np.ndarray]:
+    """One batch as numpy arrays of checked dtypes and shapes: hidden (B, D), logits (B, C),
+    labels (B,), index (B,) and ``layers/<name>`` (B, D_l), with the column ``widths`` of the
+    batches before it (None for the first)."""
+    batch = {
+        "hidden": as_float(to_numpy(hidden), "Hidden states", where),  # (B, D)
+        "logits": as_float(to_numpy(logits), "Logits", where),  # (B, C)
+        "labels": as_int64(to_numpy(labels), "Labels", where),  # (B,)
+        "index": as_int64(to_numpy(index), "Index", where),  # (B,)
+    }
+    for name, array in layers.items():
+        if not name or "/" in name or name.startswith("."):
+            raise EtnError(
+                f"Layer name {name!r} cannot name an HDF5 dataset; expected a plain name such as "
+                "'block6'. Rename the layer."
+            )
+        batch[f"layers/{name}"] = as_float(to_numpy(array), describe(f"layers/{name}"), where)
+    _check_batch_shapes(batch, where, widths)
+    return batch
+
+
+def _check_batch_shapes(
+    batch: dict[str, np.ndarray], where: str, widths: dict[str, int] | None
+) -> None:
+    shapes = {key: array.shape for key, array in batch.items()}
+    wanted = {key: 1 if key in ("labels", "index") else 2 for key in batch}
+    if any(len(shapes[key]) != ndim for key, ndim in wanted.items()):
+        raise EtnError(
+            f"Arrays in {where} have shapes {shapes}; expected 2-D hidden, logits and layers "
+            "and 1-D labels and index. Pool or flatten them to one row per sample."
+        )
+    if len({shape[0] for shape in shapes.values()}) > 1:
+        raise EtnError(
+            f"Arrays in {where} have shapes {shapes}; expected the same number of rows in "
+            "each. Pass one row per sample to every argument."
+        )
+    found = {key: shape[1] for key, shape in shapes.items() if len(shape) == 2}
+    if widths is not None and found != widths:
+        raise EtnError(
+            f"Columns in {where} are {found} but earlier batches had {widths}; "
+            "expected every batch of a split to share them. Keep the backbone and layers fixed."
+        )
+
+
 def _count_bad(array: np.ndarray) -> str:
     nan = int(np.isnan(array).sum())
     inf = int(np.isinf(array).sum())

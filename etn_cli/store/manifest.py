@@ -75,7 +75,9 @@ def load_manifest(split_dir: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise EtnError(f"Expected a manifest at {path}, found none. Re-run extract.") from None
+        raise EtnError(
+            f"Expected a manifest at {path}, found none. Run etn extract for this split."
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise EtnError(
             f"Manifest {path} is not valid JSON ({error}). Delete the split folder and re-run "
@@ -115,7 +117,8 @@ def _check_top_level(manifest: Any, path: Path) -> None:
         )
     if manifest["complete"] is not True:
         raise EtnError(
-            f"Manifest {path} says the split is incomplete. Re-run extract with --force."
+            f"Manifest {path} says the split is incomplete. Delete the split folder and run etn "
+            "extract again."
         )
     for entry in manifest["shards"]:
         if not (isinstance(entry, dict) and {"file", "rows", "sha256"} <= entry.keys()):

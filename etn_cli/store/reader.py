@@ -21,7 +21,7 @@ from etn_cli.store.fingerprint import file_sha256
 from etn_cli.store.manifest import MANIFEST_NAME, build_manifest, load_manifest, save_manifest
 from etn_cli.store.shardfile import ShardLayout, inspect_shard, list_shard_files, read_shard_into
 
-FORCE_HINT = "Re-run extract with --force for this split."
+FORCE_HINT = "Delete the split folder and run etn extract again (or rewrite your own shards)."
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,6 +82,34 @@ def read_split(split_dir: Path, *, validate_checksums: bool = True) -> Features:
     )
 
 
+def check_split(split_dir: Path) -> dict[str, Any]:
+    """Check a split folder as :func:`read_split` does, holding one shard in memory at a time
+    (for ``etn verify`` over large caches); return its manifest."""
+    split_dir = Path(split_dir)
+    manifest = load_manifest(split_dir)
+    _check_listed_files(split_dir, manifest, checksums=True)
+    files = [entry["file"] for entry in manifest["shards"]]
+    if not files:
+        raise EtnError(f"Manifest of split {split_dir.name} lists no shards. {FORCE_HINT}")
+    layouts = [inspect_shard(split_dir, file) for file in files]
+    check_same_columns(split_dir, layouts)
+    indices = []
+    for layout in layouts:
+        out = _empty_arrays(layout.rows, layouts[0].widths)
+        read_shard_into(split_dir, layout, out, 0)
+        indices.append(out["index"])
+    check_unique_index(np.concatenate(indices), f"split {split_dir.name}", FORCE_HINT)
+    _check_manifest_matches(split_dir, manifest, layouts, _empty_arrays(0, layouts[0].widths))
+    return manifest
+
+
+def _empty_arrays(rows: int, widths: dict[str, int]) -> dict[str, np.ndarray]:
+    out = {"labels": np.empty(rows, np.int64), "index": np.empty(rows, np.int64)}
+    for key, width in widths.items():
+        out[key] = np.empty((rows, width), np.float32)
+    return out
+
+
 def write_manifest(
     split_dir: Path, fingerprint: dict[str, Any], provenance: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -105,11 +133,8 @@ def load_shards(
     if not files:
         raise EtnError(f"Manifest of split {split_dir.name} lists no shards. {FORCE_HINT}")
     layouts = [inspect_shard(split_dir, file) for file in files]
-    _check_same_columns(split_dir, layouts)
-    total = sum(layout.rows for layout in layouts)
-    out = {"labels": np.empty(total, np.int64), "index": np.empty(total, np.int64)}
-    for key, width in layouts[0].widths.items():
-        out[key] = np.empty((total, width), np.float32)
+    check_same_columns(split_dir, layouts)
+    out = _empty_arrays(sum(layout.rows for layout in layouts), layouts[0].widths)
     start = 0
     for layout in layouts:
         read_shard_into(split_dir, layout, out, start)
@@ -118,7 +143,7 @@ def load_shards(
     return out, layouts
 
 
-def _check_same_columns(split_dir: Path, layouts: list[ShardLayout]) -> None:
+def check_same_columns(split_dir: Path, layouts: list[ShardLayout]) -> None:
     """All shards of a split must agree on D, C and the set of layers with their widths."""
     first = layouts[0]
     for layout in layouts[1:]:

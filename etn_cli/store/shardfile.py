@@ -11,6 +11,7 @@ arrays (no per-row access, no concatenation copy) and checks that the floats are
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from etn_cli.store.manifest import FORMAT_VERSION, check_format
 
 REQUIRED = ("hidden", "logits", "labels", "index")
 FLOAT_DATASETS = ("hidden", "logits")
-REREAD_HINT = "Re-run extract with --force for this split, or rewrite the shard."
+REREAD_HINT = "Delete the split folder and run etn extract again, or rewrite the shard."
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,34 @@ class ShardLayout:
 
 
 def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write one shard to ``<path>.tmp`` and rename it, so a listed name is always a whole file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w") as handle:
+    """Write one shard so that its name only ever holds a whole, durable file.
+
+    HDF5 builds the file in memory and Python writes the bytes to ``<path>.tmp``, fsyncs and
+    renames them: HDF5 itself never touches the disk, because the library crashes the process
+    when a write fails inside it (a full disk), where Python raises a clean ``OSError``. The
+    bytes are the same for the same arrays, so a resumed extraction writes identical shards.
+    """
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as handle:
         handle.attrs["etn_format"] = FORMAT_VERSION
         for name, array in arrays.items():
             handle.create_dataset(name, data=array)
-    # No fsync: a shard torn by a power cut is caught by its checksum in the manifest.
-    os.replace(tmp, path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(buffer.getbuffer())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_index(path: Path) -> np.ndarray:
+    """The ``index`` dataset (N,) of one shard, as int64."""
+    with open_shard(path, f"shard {path.parent.name}/{path.name}") as handle:
+        return np.asarray(handle["index"][()], dtype=np.int64)
 
 
 def list_shard_files(split_dir: Path) -> list[str]:
@@ -93,7 +114,7 @@ def read_shard_into(
     with open_shard(Path(split_dir) / layout.file, f"shard {name}") as handle:
         for key, array in out.items():
             handle[key].read_direct(array[start:stop])  # HDF5 converts float16/int32 on the fly
-    fix = "Re-run extract with --dtype float32 or check the backbone."
+    fix = 'Extract in float32 (dtype = "float32" in [backbone]) or check the backbone.'
     for key in layout.widths:
         check_finite(out[key][start:stop], describe(key), f"shard {name}", 0, fix)
 

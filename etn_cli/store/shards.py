@@ -9,11 +9,15 @@ manifest, and :func:`write_manifest` adds one.
 
 :class:`ShardWriter` builds the folder under a private ``<split>.partial-<random>`` name and
 renames it into place after writing the manifest last, so a split folder that exists is
-complete, and a failed run leaves nothing behind.
+complete. With ``resume`` (what ``extract`` uses, holding the unit's lock) every finished shard
+is recorded in a journal (:mod:`etn_cli.store.journal`): a killed run leaves its finished
+shards behind and the next run adopts them and skips the batches they cover. Without it, a
+failed run leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,20 +25,14 @@ from typing import Any
 import numpy as np
 
 from etn_cli.errors import EtnError
-from etn_cli.store.atomic import atomic_dir
-from etn_cli.store.checks import (
-    as_float,
-    as_int64,
-    check_finite,
-    check_unique_index,
-    describe,
-    to_numpy,
-)
+from etn_cli.store.atomic import exists_message, new_partial, publish
+from etn_cli.store.checks import check_finite, check_unique_index, checked_batch, describe
 from etn_cli.store.classifier import load_classifier, save_classifier
 from etn_cli.store.fingerprint import file_sha256, fingerprint_key
+from etn_cli.store.journal import Journal, open_journal
 from etn_cli.store.manifest import SHARD_NAME, build_manifest, save_manifest
 from etn_cli.store.reader import Features, read_split, write_manifest
-from etn_cli.store.shardfile import write_shard
+from etn_cli.store.shardfile import inspect_shard, read_index, write_shard
 
 __all__ = [
     "Features",
@@ -45,7 +43,9 @@ __all__ = [
     "write_manifest",
 ]
 
-NAN_HINT = "Check the backbone's outputs (try --dtype float32); nothing was written."
+NAN_HINT = (
+    'Check the backbone\'s outputs (try dtype = "float32" in [backbone]); nothing was written.'
+)
 
 
 class ShardWriter:
@@ -54,6 +54,12 @@ class ShardWriter:
     >>> with ShardWriter(out / "test", fingerprint) as writer:  # doctest: +SKIP
     ...     for hidden, logits, labels, index in batches:
     ...         writer.append(hidden, logits, labels, index)
+
+    ``resume`` (a dict of settings the shards depend on besides the fingerprint, such as the
+    batch size) makes the writer resumable: each ``append`` is one batch, a shard is cut at the
+    first batch boundary at or past ``shard_rows`` rows (so a shard never splits a batch), and
+    a matching interrupted folder is adopted on entry; ``resumed_batches`` then says how many
+    leading batches its shards hold, which the caller skips. Only use it holding the unit lock.
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class ShardWriter:
         provenance: dict[str, Any] | None = None,
         *,
         replace: bool = False,
+        resume: dict[str, Any] | None = None,
     ) -> None:
         if shard_rows < 1:
             raise EtnError(f"Expected shard_rows >= 1, got {shard_rows}. Pass a positive count.")
@@ -73,10 +80,16 @@ class ShardWriter:
         self.shard_rows = shard_rows
         self.provenance = provenance
         self.replace = replace
+        self.resume = resume
         self.manifest: dict[str, Any] | None = None  # set once the split is complete
         self.extra: dict[str, Any] = {}  # extra manifest fields (e.g. timing), set before exit
         self.rows = 0
+        self.batches = 0  # append calls so far, adopted ones included
+        self.resumed_batches = 0  # leading batches covered by adopted shards
+        self.resumed_shards = 0
+        self.resumed_index = np.empty(0, np.int64)  # (R,) their index, in writing order
         self._partial: Path | None = None  # the private folder, while inside the with block
+        self._journal: Journal | None = None
         self._buffer: list[dict[str, np.ndarray]] = []
         self._buffered = 0
         self._shards: list[dict[str, Any]] = []
@@ -84,8 +97,15 @@ class ShardWriter:
         self._indices: list[np.ndarray] = []
 
     def __enter__(self) -> ShardWriter:
-        self._folder = atomic_dir(self.split_dir, replace=self.replace)
-        self._partial = self._folder.__enter__()
+        if self.split_dir.exists() and not self.replace:
+            raise EtnError(exists_message(self.split_dir))
+        if self.resume is None:
+            self._partial = new_partial(self.split_dir)
+            return self
+        settings = {"key": self.key, "shard_rows": self.shard_rows, **self.resume}
+        self._journal = open_journal(self.split_dir, settings)
+        self._partial = self._journal.folder
+        self._adopt(self._journal)
         return self
 
     def __exit__(
@@ -94,13 +114,41 @@ class ShardWriter:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if kind is None:
-            try:
-                self._finish()
-            except BaseException as failure:
-                self._folder.__exit__(type(failure), failure, failure.__traceback__)
-                raise
-        self._folder.__exit__(kind, error, tb)
+        assert self._partial is not None
+        if kind is not None:
+            self._discard(error)
+            return
+        try:
+            self._finish()
+            publish(self._partial, self.split_dir, replace=self.replace)
+        except BaseException as failure:
+            self._discard(failure)
+            raise
+
+    def _discard(self, error: BaseException | None) -> None:
+        """After a failure: keep journaled shards for the next run unless the data itself was
+        refused (an EtnError: nothing is kept), otherwise delete the private folder."""
+        assert self._partial is not None
+        keep = self._journal is not None and self._journal.entries
+        if keep and not isinstance(error, EtnError):
+            self._journal.tidy()
+            self._journal.save()
+        else:
+            shutil.rmtree(self._partial, ignore_errors=True)
+
+    def _adopt(self, journal: Journal) -> None:
+        """Take over the shards an interrupted run journaled: their rows, index and columns."""
+        if not journal.entries:
+            return
+        indices = [read_index(journal.folder / e["file"]) for e in journal.entries]
+        layout = inspect_shard(journal.folder, journal.entries[0]["file"])
+        self._widths = dict(layout.widths)
+        self._shards = [{k: e[k] for k in ("file", "rows", "sha256")} for e in journal.entries]
+        self._indices = indices
+        self.rows = journal.rows
+        self.batches = self.resumed_batches = journal.batches
+        self.resumed_shards = len(journal.entries)
+        self.resumed_index = np.concatenate(indices)
 
     def append(
         self,
@@ -117,6 +165,7 @@ class ShardWriter:
         """
         assert self._partial is not None, "use ShardWriter in a with block"
         batch = self._validated(hidden, logits, labels, index, layers or {})
+        self.batches += 1
         rows = len(batch["index"])
         if rows == 0:
             return
@@ -131,53 +180,31 @@ class ShardWriter:
         self, hidden: Any, logits: Any, labels: Any, index: Any, layers: dict[str, Any]
     ) -> dict[str, np.ndarray]:
         where = f"the batch appended to split {self.split_dir.name!r}"
-        batch = {
-            "hidden": as_float(to_numpy(hidden), "Hidden states", where),  # (B, D)
-            "logits": as_float(to_numpy(logits), "Logits", where),  # (B, C)
-            "labels": as_int64(to_numpy(labels), "Labels", where),  # (B,)
-            "index": as_int64(to_numpy(index), "Index", where),  # (B,)
-        }
-        for name, array in layers.items():
-            _check_layer_name(name)
-            key = f"layers/{name}"
-            batch[key] = as_float(to_numpy(array), describe(key), where)
-        self._check_shapes(batch, where)
+        batch = checked_batch(hidden, logits, labels, index, layers, where, self._widths)
         for key, array in batch.items():
             if array.ndim == 2:
                 check_finite(array, describe(key), where, self.rows, NAN_HINT)
+        self._widths = {key: array.shape[1] for key, array in batch.items() if array.ndim == 2}
         return batch
 
-    def _check_shapes(self, batch: dict[str, np.ndarray], where: str) -> None:
-        shapes = {key: array.shape for key, array in batch.items()}
-        wanted = {key: 1 if key in ("labels", "index") else 2 for key in batch}
-        if any(len(shapes[key]) != ndim for key, ndim in wanted.items()):
-            raise EtnError(
-                f"Arrays in {where} have shapes {shapes}; expected 2-D hidden, logits and layers "
-                "and 1-D labels and index. Pool or flatten them to one row per sample."
-            )
-        if len({shape[0] for shape in shapes.values()}) > 1:
-            raise EtnError(
-                f"Arrays in {where} have shapes {shapes}; expected the same number of rows in "
-                "each. Pass one row per sample to every argument."
-            )
-        widths = {key: shape[1] for key, shape in shapes.items() if len(shape) == 2}
-        if self._widths is not None and widths != self._widths:
-            raise EtnError(
-                f"Columns in {where} are {widths} but earlier batches had {self._widths}; "
-                "expected every batch of a split to share them. Keep the backbone and layers fixed."
-            )
-        self._widths = widths
-
     def _flush(self, final: bool) -> None:
-        """Write full shards from the buffer; with ``final``, also the last partial one."""
+        """Write full shards from the buffer; with ``final``, also the last partial one.
+
+        A resumable writer writes the whole buffer (whole batches) as one shard instead.
+        """
         merged = {key: np.concatenate([b[key] for b in self._buffer]) for key in self._buffer[0]}
+        self._buffer = []
+        if self.resume is not None:
+            self._write(merged)
+            self._buffered = 0
+            return
         start = 0
         while self._buffered - start >= self.shard_rows or (final and start < self._buffered):
             stop = min(start + self.shard_rows, self._buffered)
             self._write({key: array[start:stop] for key, array in merged.items()})
             start = stop
-        rest = {key: array[start:].copy() for key, array in merged.items()}
-        self._buffer = [rest] if start < self._buffered else []
+        if start < self._buffered:
+            self._buffer = [{key: array[start:].copy() for key, array in merged.items()}]
         self._buffered -= start
 
     def _write(self, arrays: dict[str, np.ndarray]) -> None:
@@ -185,9 +212,14 @@ class ShardWriter:
         name = SHARD_NAME.format(len(self._shards))
         write_shard(self._partial / name, arrays)
         rows = len(arrays["index"])
-        self._shards.append(
-            {"file": name, "rows": rows, "sha256": file_sha256(self._partial / name)}
-        )
+        entry = {"file": name, "rows": rows, "sha256": file_sha256(self._partial / name)}
+        self._shards.append(entry)
+        if self._journal is not None:
+            first = self._journal.rows
+            stop = first + rows
+            self._journal.record(
+                {**entry, "first_row": first, "stop_row": stop, "batches": self.batches}
+            )
 
     def _finish(self) -> None:
         """Write the remaining rows, check the whole split, then the manifest, last."""
@@ -207,13 +239,13 @@ class ShardWriter:
             self.fingerprint, self._shards, hidden_size, num_classes, layers, self.provenance
         )
         self.manifest.update(self.extra)
+        if self._journal is not None:
+            self.manifest["resumed"] = {
+                "shards": self.resumed_shards,
+                "rows": len(self.resumed_index),
+                "batches": self.resumed_batches,
+            }
         assert self._partial is not None
         save_manifest(self._partial, self.manifest)
-
-
-def _check_layer_name(name: str) -> None:
-    if not name or "/" in name or name.startswith("."):
-        raise EtnError(
-            f"Layer name {name!r} cannot name an HDF5 dataset; expected a plain name such as "
-            "'block6'. Rename the layer."
-        )
+        if self._journal is not None:
+            self._journal.close()

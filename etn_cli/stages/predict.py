@@ -1,0 +1,307 @@
+"""``etn predict``: a pipeline's trained head on new inputs, one row per input.
+
+Inputs (:func:`resolve_inputs`) are one of
+
+* a folder of images, searched recursively (``.jpg``, ``.png``, … as for ImageNet folders),
+  for the ``torchvision`` backbone;
+* a ``.jsonl`` file of multiple-choice questions in etn's MCQA schema
+  (:mod:`etn_cli.datasets.mcqa_files`; ``answer`` optional), for ``hf_causal_lm``;
+* a registered dataset split, ``<dataset>:<split>`` (``digits:test``) or ``<dataset>`` (its
+  ``test`` split), for any backbone.
+
+The backbone computes what ``etn extract`` would store for the same inputs (``extract_batch``
+with the pipeline's batch size, fine-tuned weights, layers and ODIN logits) and the head
+predicts as ``etn evaluate`` does, so on a split the pipeline extracted the rows reproduce the
+evaluated predictions. Columns: ``input`` (path, question id or ``<dataset>:<split>#<index>``),
+``index`` and ``label`` where known, ``prediction`` (and ``letter`` for LLMs),
+``probability`` of the prediction, ``prob_<class>`` for every class, every score of the head,
+and with thresholds ``flagged_<score>`` and ``flagged``. A score where higher means more ID
+(:data:`~etn_cli.metrics.scores.HIGHER_MEANS_ID`: mp, um, …) flags rows below its threshold;
+mi and de flag rows above it.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from etn_cli.api import pipeline_head, read_head
+from etn_cli.datasets.base import Split
+from etn_cli.errors import EtnError
+from etn_cli.heads.training import progress
+from etn_cli.metrics.scores import HIGHER_MEANS_ID
+from etn_cli.plan import Plan, open_source
+from etn_cli.store.atomic import atomic_write_bytes
+
+FORMATS = {".parquet": "parquet", ".csv": "csv"}
+INPUT_KINDS = {"torchvision": ("images", "split"), "hf_causal_lm": ("questions", "split")}
+ANSWER_KEYS = ("answer", "answerKey", "answers")  # a question without them is unlabelled
+
+
+@dataclass
+class Inputs:
+    """New inputs as a :class:`Split` the backbone can batch, with one name per row."""
+
+    split: Split
+    names: list[str]
+    kind: str  # "images", "questions" or "split"
+    labelled: bool  # whether the labels are real (dataset splits, answered questions)
+
+
+@dataclass
+class PredictResult:
+    path: Path
+    rows: int
+    flagged: int | None
+
+    def summary(self) -> str:
+        flagged = "" if self.flagged is None else f", {self.flagged} flagged"
+        return f"predict: {self.rows} rows written to {self.path}{flagged}"
+
+
+def parse_thresholds(items: list[str]) -> dict[str, float]:
+    """``["mi=0.2", "mp=0.9"]`` -> ``{"mi": 0.2, "mp": 0.9}``, names checked."""
+    thresholds: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        name = name.strip().lower()
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if name not in HIGHER_MEANS_ID or number is None or not np.isfinite(number):
+            raise EtnError(
+                f"--threshold expects SCORE=VALUE with a score of {', '.join(HIGHER_MEANS_ID)} "
+                f"and a number, got {item!r}. E.g. --threshold mi=0.2."
+            )
+        thresholds[name] = number
+    return thresholds
+
+
+def output_format(path: Path) -> str:
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise EtnError(f"--out must end in .parquet or .csv, got {path}. Rename it.")
+    return fmt
+
+
+def predict(
+    plan: Plan,
+    inputs: str,
+    *,
+    head: str = "etn",
+    seed: int = 0,
+    out: Path,
+    thresholds: dict[str, float] | None = None,
+    device: str = "cpu",
+) -> PredictResult:
+    """Predict ``inputs`` with the pipeline's head and write the rows to ``out`` atomically."""
+    fmt = output_format(out)
+    frame = predict_frame(plan, inputs, head=head, seed=seed, thresholds=thresholds, device=device)
+    buffer = io.BytesIO()
+    frame.write_parquet(buffer) if fmt == "parquet" else frame.write_csv(buffer)
+    atomic_write_bytes(Path(out), buffer.getvalue())
+    flagged = int(frame["flagged"].sum()) if "flagged" in frame.columns else None
+    return PredictResult(Path(out), len(frame), flagged)
+
+
+def predict_frame(
+    plan: Plan,
+    inputs: str,
+    *,
+    head: str = "etn",
+    seed: int = 0,
+    thresholds: dict[str, float] | None = None,
+    device: str = "cpu",
+) -> Any:
+    """The rows :func:`predict` writes, as a polars DataFrame; nothing is written."""
+    from etn_cli.stages.extract import load_backbone
+
+    trained = read_head(pipeline_head(plan, head, seed).path)
+    if plan.backbone is None:
+        raise EtnError(
+            f"{plan.pipeline.path} reads your own features ([features]), so etn has no backbone "
+            "to run on new inputs. Extract features yourself and use etn_cli.load_head(...)."
+        )
+    found = resolve_inputs(plan, inputs, trained.n_classes_)
+    hidden, logits, layers, labels = backbone_outputs(load_backbone(plan, device), found, plan)
+    prediction = trained.predict(hidden, logits, layers=layers, device=device)
+    letters = getattr(plan.backbone.config, "letters", None)
+    columns: dict[str, Any] = {"input": found.names}
+    if found.kind == "split":
+        columns["index"] = found.split.index
+    if found.labelled:
+        columns["label"] = labels
+    columns.update(prediction_columns(prediction, letters))
+    columns.update(flag_columns(prediction.scores, thresholds or {}, trained.name))
+    import polars as pl
+
+    return pl.DataFrame(columns)
+
+
+def prediction_columns(prediction: Any, letters: tuple[str, ...] | None) -> dict[str, Any]:
+    """Prediction (and letter), its probability, every class's probability, every score."""
+    probs, predicted = prediction.probs, prediction.predictions  # (N, C), (N,)
+    names = list(letters) if letters else [str(k) for k in range(probs.shape[1])]
+    columns: dict[str, Any] = {"prediction": predicted}
+    if letters:
+        columns["letter"] = [names[k] for k in predicted]
+    columns["probability"] = probs[np.arange(len(probs)), predicted]
+    columns.update({f"prob_{name}": probs[:, k] for k, name in enumerate(names)})
+    columns.update(prediction.scores)
+    return columns
+
+
+def flag_columns(
+    scores: dict[str, np.ndarray], thresholds: dict[str, float], head: str
+) -> dict[str, np.ndarray]:
+    """``flagged_<score>`` per threshold (below it for scores where higher means ID, above it
+    otherwise) and ``flagged``, their union."""
+    flags = {}
+    for name, value in thresholds.items():
+        if name not in scores:
+            raise EtnError(
+                f"Head {head!r} gives no {name!r} score (it gives {', '.join(scores)}). Drop "
+                f"--threshold {name}=... or pick another head."
+            )
+        score = scores[name]  # (N,)
+        flags[f"flagged_{name}"] = score < value if HIGHER_MEANS_ID[name] else score > value
+    if flags:
+        flags["flagged"] = np.logical_or.reduce(list(flags.values()))
+    return flags
+
+
+# ------------------------------------------------------------------------- inputs
+def resolve_inputs(plan: Plan, text: str, num_classes: int) -> Inputs:
+    """An image folder, a ``.jsonl`` of questions or a dataset split, checked against what
+    the pipeline's backbone reads."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        kind = "images"
+    elif path.is_file() and path.suffix.lower() == ".jsonl":
+        kind = "questions"
+    elif path.exists():
+        raise EtnError(
+            f"Input {text} is a file but not a .jsonl of questions. Pass an image folder, a "
+            ".jsonl file, or a dataset split such as digits:test."
+        )
+    else:
+        kind = "split"
+    backbone = plan.backbone.name
+    accepted = INPUT_KINDS.get(backbone, ("split",))
+    if kind not in accepted:
+        reads = {"images": "image folders", "questions": ".jsonl question files"}
+        wanted = [reads[k] for k in accepted if k in reads] + ["dataset splits (digits:test)"]
+        raise EtnError(
+            f"Backbone {backbone!r} of {plan.pipeline.path} cannot read {reads[kind]} ({text}); "
+            f"it reads {' or '.join(wanted)}."
+        )
+    if kind == "images":
+        return image_folder(path, num_classes)
+    if kind == "questions":
+        return question_file(path)
+    return dataset_split(plan, text)
+
+
+def image_folder(folder: Path, num_classes: int) -> Inputs:
+    from etn_cli.datasets.imagenet import IMAGE_SUFFIXES
+
+    files = sorted(
+        p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+    )
+    if not files:
+        raise EtnError(
+            f"Folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}, searched "
+            "recursively). Check the path."
+        )
+    index = np.arange(len(files), dtype=np.int64)
+    split = Split(folder.name, "predict", ImagePaths(files), index, num_classes)
+    return Inputs(split, [str(p) for p in files], "images", labelled=False)
+
+
+class ImagePaths(torch.utils.data.Dataset):
+    """``(PIL RGB image, -1)`` per file: new images have no label."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(self.files[i]) as image:
+                return image.convert("RGB"), -1
+        except (UnidentifiedImageError, OSError) as err:
+            raise EtnError(
+                f"Cannot read image {self.files[i]} ({type(err).__name__}). Remove or fix it."
+            ) from None
+
+
+def question_file(path: Path) -> Inputs:
+    """Questions of a ``.jsonl`` file; ``answer`` may be missing in some or all records."""
+    from etn_cli.datasets.mcqa import QuestionSet
+    from etn_cli.datasets.mcqa_files import parse_record, read_records
+
+    questions, answered = [], []
+    for raw, where in read_records(path):
+        known = isinstance(raw, dict) and any(raw.get(k) is not None for k in ANSWER_KEYS)
+        parsed = parse_record(raw if known else {**raw, "answer": 0}, where)
+        questions += parsed
+        answered += [known] * len(parsed)
+    if not questions:
+        raise EtnError(f"{path} holds no questions. Expected one JSON object per line.")
+    names = [q.id or f"{path.name}#{i}" for i, q in enumerate(questions)]
+    index = np.arange(len(questions), dtype=np.int64)
+    split = Split(path.name, "predict", QuestionSet(questions), index, len(questions[0].choices))
+    return Inputs(split, names, "questions", labelled=all(answered))
+
+
+def dataset_split(plan: Plan, text: str) -> Inputs:
+    """``<dataset>:<split>`` or ``<dataset>`` (its test split) of a registered dataset."""
+    from etn_cli.datasets import datasets
+
+    name, _, split_name = text.partition(":")
+    if name not in datasets:
+        raise EtnError(
+            f"Input {text!r} is no image folder, .jsonl file or dataset split: "
+            f"{datasets.unknown_message(name)}"
+        )
+    source = open_source(plan.pipeline, name)
+    split_name = split_name or "test"
+    if split_name not in source.splits:
+        raise EtnError(
+            f"Dataset {name!r} has no split {split_name!r}. Available: {', '.join(source.splits)}"
+        )
+    split = source.load_split(split_name)
+    names = [f"{name}:{split_name}#{i}" for i in split.index]
+    return Inputs(split, names, "split", labelled=True)
+
+
+def backbone_outputs(
+    backbone: Any, inputs: Inputs, plan: Plan
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], np.ndarray]:
+    """``hidden`` (N, D), ``logits`` (N, C), extra arrays and labels (N,) in input order, as
+    ``etn extract`` computes them batch by batch."""
+    data, split = plan.pipeline.data, inputs.split
+    assert data is not None
+    pin = str(backbone.device).startswith("cuda")
+    batches = backbone.loader(split, data.batch_size, workers=data.workers, pin_memory=pin)
+    total = -(-len(split) // data.batch_size)
+    parts = []
+    for batch, labels, index in progress(batches, f"predict {split.dataset}", total):
+        hidden, logits, extras = backbone.extract_batch(batch)
+        parts.append((index, hidden, logits, labels, extras))
+    position = {int(v): i for i, v in enumerate(split.index)}
+    found = torch.cat([p[0] for p in parts])  # (N,) source indices, in batch order
+    order = torch.argsort(torch.tensor([position[int(v)] for v in found]))  # (N,)
+    hidden, logits, labels = (torch.cat([p[k] for p in parts])[order] for k in (1, 2, 3))
+    layers = {name: torch.cat([p[4][name] for p in parts])[order] for name in parts[0][4]}
+    return hidden, logits, layers, labels.numpy()

@@ -1,0 +1,118 @@
+"""``etn status P.toml``: which units of a pipeline are done, partial or missing.
+
+A unit is ``done`` when its completion record exists (a split's manifest, a head's
+``train.json``, a metrics file, ``finetune.json``), ``partial`` when a private folder or
+temporary file of an unfinished build is there (with the shards an extraction has finished so
+far, and whether a running process holds it), and ``missing`` otherwise. Nothing is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from etn_cli.plan import Plan
+from etn_cli.store.atomic import is_locked, partial_folders
+from etn_cli.store.journal import peek_journal
+from etn_cli.store.leftovers import TMP_FILE
+from etn_cli.store.manifest import load_manifest, split_is_complete
+
+STATES = ("done", "partial", "missing")
+
+
+@dataclass(frozen=True)
+class UnitStatus:
+    kind: str  # finetune, features, classifier, head, metrics
+    name: str
+    state: str  # one of STATES
+    detail: str
+    path: Path
+
+
+def status(plan: Plan) -> list[UnitStatus]:
+    """The state of every unit of ``plan``, in the order ``etn run`` builds them."""
+    units = []
+    if plan.finetune is not None:
+        done = (plan.finetune.path / "finetune.json").is_file()
+        units.append(_folder_unit("finetune", plan.finetune.split, plan.finetune.path, done))
+    for unit in plan.feature_units:
+        units.append(_features(unit.name if unit.role == "ood" else unit.role, unit.path, plan))
+    if plan.backbone is not None and plan.classifier_path is not None:
+        units.append(_file_unit("classifier", "backbone's final layer", plan.classifier_path))
+    for head in plan.heads:
+        name = f"{head.label} seed {head.seed}"
+        done = (head.path / "train.json").is_file()
+        units.append(_folder_unit("head", name, head.path, done))
+    for metrics in plan.metrics:
+        name = f"{metrics.head.label} seed {metrics.head.seed}"
+        units.append(_file_unit("metrics", name, metrics.path))
+    return units
+
+
+def render_status(plan: Plan, units: list[UnitStatus]) -> str:
+    """An aligned table, one unit per line, and a summary line."""
+    rows = [("unit", "name", "state", "detail", "path")]
+    rows += [(u.kind, u.name, u.state, u.detail, _relative(u.path, plan)) for u in units]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[4]])
+             for row in rows]  # fmt: skip
+    counts = {state: sum(u.state == state for u in units) for state in STATES}
+    summary = f"{plan.pipeline.name}: {len(units)} units, " + ", ".join(
+        f"{n} {state}" for state, n in counts.items()
+    )
+    if counts["partial"] or counts["missing"]:
+        summary += f"; `etn run {_shown(plan.pipeline.path)}` builds the rest"
+    return "\n".join([*lines, summary])
+
+
+def _features(name: str, path: Path, plan: Plan) -> UnitStatus:
+    if plan.backbone is None:  # the user's own shards: there is nothing to build
+        state = "done" if path.is_dir() else "missing"
+        return UnitStatus("features", name, state, "your own shards", path)
+    if split_is_complete(path):
+        manifest = load_manifest(path)
+        detail = f"{manifest['rows']} rows in {len(manifest['shards'])} shard(s)"
+        return UnitStatus("features", name, "done", detail, path)
+    folders = partial_folders(path)
+    if not folders:
+        return UnitStatus("features", name, "missing", "", path)
+    journals = [j for j in (peek_journal(folder) for folder in folders) if j is not None]
+    shards, rows = max(journals, default=(0, 0))
+    detail = f"{shards} shard(s), {rows} rows done so far, {_holder(path)}"
+    return UnitStatus("features", name, "partial", detail, path)
+
+
+def _folder_unit(kind: str, name: str, path: Path, done: bool) -> UnitStatus:
+    if done:
+        return UnitStatus(kind, name, "done", "", path)
+    if partial_folders(path) or is_locked(path):
+        return UnitStatus(kind, name, "partial", _holder(path), path)
+    return UnitStatus(kind, name, "missing", "", path)
+
+
+def _file_unit(kind: str, name: str, path: Path) -> UnitStatus:
+    if path.is_file():
+        return UnitStatus(kind, name, "done", "", path)
+    tmp = [p for p in path.parent.glob(f".{path.name}.*.tmp") if TMP_FILE.match(p.name)]
+    if tmp or is_locked(path):
+        return UnitStatus(kind, name, "partial", _holder(path), path)
+    return UnitStatus(kind, name, "missing", "", path)
+
+
+def _holder(path: Path) -> str:
+    return "running" if is_locked(path) else "interrupted"
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _relative(path: Path, plan: Plan) -> str:
+    try:
+        return str(path.relative_to(plan.data_dir))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,221 @@
+"""``etn verify``: check every artefact under a data directory and say how to fix what is damaged.
+
+An HDF5 file killed mid-write often still opens, with zero-filled rows, so "it opens" proves
+nothing: every feature split is checked against its manifest (checksums, row counts, shapes,
+finite values, unique index, the content key in its folder name), every head against the
+checksums in its ``train.json`` and by loading it, every metrics file by reading it and
+checking its columns and key, the backbone's classifier and the backbone folders by reading
+them. Leftovers of interrupted runs are listed apart: they are not damage, the next run resumes
+or replaces them, and ``--clean-partials`` deletes those no running etn process holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from etn_cli.errors import EtnError
+from etn_cli.store.fingerprint import fingerprint_key
+from etn_cli.store.leftovers import Leftover, clean_leftover, find_leftovers
+
+METRICS_COLUMNS = (
+    "pipeline", "backbone", "id_dataset", "eval_set", "task", "method", "variant", "seed",
+    "metric", "score", "value", "head_key", "metrics_key",
+)  # fmt: skip
+KEY_SUFFIX = re.compile(r"-([0-9a-f]{12,16})$")
+
+
+@dataclass
+class Damage:
+    path: Path
+    problem: str
+    fix: str
+
+    def line(self) -> str:
+        return f"DAMAGED {self.path}: {self.problem} Fix: {self.fix}"
+
+
+@dataclass
+class Verification:
+    """What ``etn verify`` found: artefacts checked by kind, damage, leftovers, cleaned."""
+
+    data_dir: Path
+    checked: Counter = field(default_factory=Counter)
+    damaged: list[Damage] = field(default_factory=list)
+    leftovers: list[Leftover] = field(default_factory=list)
+    cleaned: list[Path] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [damage.line() for damage in self.damaged]
+        lines += [left.line() for left in self.leftovers if left.path not in self.cleaned]
+        lines += [f"removed {path}" for path in self.cleaned]
+        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(self.checked.items())) or "nothing"
+        kept = len(self.leftovers) - len(self.cleaned)
+        lines.append(
+            f"verified {counts} under {self.data_dir}: {len(self.damaged)} damaged, "
+            f"{kept} leftover(s) of interrupted runs, {len(self.cleaned)} removed"
+        )
+        if kept and not self.cleaned:
+            lines.append("leftovers are harmless; `etn verify --clean-partials` removes them")
+        return "\n".join(lines)
+
+
+def verify(data_dir: Path, *, clean_partials: bool = False) -> Verification:
+    """Check everything under ``data_dir``; with ``clean_partials`` delete unheld leftovers."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise EtnError(
+            f"Expected a data directory at {data_dir}, found none. Pass --data-dir (or set "
+            "ETN_DATA_DIR) to the folder etn run wrote."
+        )
+    result = Verification(data_dir)
+    for kind, path, check, fix in _artefacts(data_dir):
+        result.checked[kind] += 1
+        try:
+            check(path)
+        except EtnError as err:
+            result.damaged.append(Damage(path, str(err), fix))
+    result.leftovers = find_leftovers(data_dir)
+    if clean_partials:
+        result.cleaned = [left.path for left in result.leftovers if clean_leftover(left)]
+    return result
+
+
+def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], str]]:
+    """``(kind, path, check, fix)`` for every artefact under ``data_dir``."""
+    found = []
+    for folder in _units(data_dir / "features"):
+        classifier = folder / "classifier.safetensors"
+        if classifier.is_file():
+            fix = "Delete it and run etn extract again (it is saved once per backbone)."
+            found.append(("classifiers", classifier, _check_classifier, fix))
+        for split in _units(folder):
+            found.append(("feature splits", split, _check_split, _rerun(split, "extract")))
+    for head in _units(data_dir / "heads"):
+        found.append(("heads", head, _check_head, _rerun(head, "train")))
+    for pipeline in _units(data_dir / "metrics"):
+        for file in sorted(pipeline.glob("*.parquet")):
+            found.append(("metrics files", file, _check_metrics, _rerun(file, "evaluate")))
+    for folder in _units(data_dir / "backbones"):
+        if "-finetune-" in folder.name:
+            fix = _rerun(folder, "finetune")
+            found.append(("fine-tuned backbones", folder, _check_finetune, fix))
+        else:
+            fix = f"Delete {folder}; the next etn run rebuilds it."
+            found.append(("backbone caches", folder, _check_files, fix))
+    return found
+
+
+def _units(folder: Path) -> list[Path]:
+    """Finished unit folders in ``folder``: leftovers (hidden, partial, old) are not units."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and ".partial-" not in p.name
+        and ".old-" not in p.name
+    )  # fmt: skip
+
+
+def _rerun(path: Path, stage: str) -> str:
+    return f"Delete {path} and run etn {stage} (or etn run) again."
+
+
+def _check_split(path: Path) -> None:
+    from etn_cli.store.reader import check_split
+
+    manifest = check_split(path)
+    key = fingerprint_key(manifest["fingerprint"])
+    named = KEY_SUFFIX.search(path.name)
+    if manifest["key"] != key or (named and named.group(1) != key):
+        raise EtnError(
+            f"Manifest key {manifest['key']} and folder name disagree with the fingerprint's "
+            f"key {key}: the folder was renamed or its manifest edited."
+        )
+
+
+def _check_classifier(path: Path) -> None:
+    from etn_cli.store.classifier import load_classifier
+
+    load_classifier(path)
+
+
+def _check_head(path: Path) -> None:
+    from etn_cli.heads.base import Head
+    from etn_cli.store.headfiles import check_head_folder
+
+    record = check_head_folder(path)
+    named = KEY_SUFFIX.search(path.name)
+    if named and record.get("key") != named.group(1):
+        raise EtnError(f"train.json records key {record.get('key')!r}, not the folder's key.")
+    meta = json.loads((path / "head.json").read_text(encoding="utf-8"))
+    if named and path.name[: named.start()] != meta["head"]:
+        raise EtnError(f"head.json names head {meta['head']!r}, not the folder's head.")
+    try:
+        Head.load(path)
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise EtnError(f"The head does not load ({type(err).__name__}: {err}).") from None
+
+
+def _check_metrics(path: Path) -> None:
+    import polars as pl
+
+    try:
+        frame = pl.read_parquet(path)
+    except (OSError, pl.exceptions.PolarsError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise EtnError(f"Not a readable Parquet file ({first}).") from None
+    missing = [column for column in METRICS_COLUMNS if column not in frame.columns]
+    if missing or frame.height == 0:
+        raise EtnError(f"Expected rows with columns {', '.join(METRICS_COLUMNS)}; missing "
+                       f"{', '.join(missing) or 'no column'} in {frame.height} rows.")  # fmt: skip
+    keys = frame["metrics_key"].unique().to_list()
+    named = KEY_SUFFIX.search(path.stem)
+    if len(keys) != 1 or (named and keys[0] != named.group(1)):
+        raise EtnError(f"Its rows carry metrics_key {keys}, not the key in the file's name.")
+
+
+def _check_finetune(path: Path) -> None:
+    from etn_cli.stages.finetune import KIND, RECORD
+
+    record = _read_json_object(path / RECORD)
+    named = KEY_SUFFIX.search(path.name)
+    if record.get("kind") != KIND or (named and record.get("key") != named.group(1)):
+        raise EtnError(f"{RECORD} has kind {record.get('kind')!r} and key {record.get('key')!r}; "
+                       f"expected {KIND!r} and the folder's key.")  # fmt: skip
+    _check_files(path)
+
+
+def _check_files(path: Path) -> None:
+    """Every JSON file parses and every safetensors file's header covers the file."""
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    if not files:
+        raise EtnError("The folder is empty.")
+    for file in files:
+        if file.suffix == ".json":
+            _read_json_object(file)
+        elif file.suffix == ".safetensors":
+            try:
+                with safe_open(file, "np") as handle:
+                    handle.keys()
+            except (SafetensorError, OSError) as err:
+                raise EtnError(f"{file.name} is not a readable safetensors file ({err}).") from None
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EtnError(f"{path.name} is missing.") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise EtnError(f"{path.name} is not valid JSON ({err}).") from None
+    if not isinstance(value, dict):
+        raise EtnError(f"{path.name} holds {type(value).__name__}, expected a JSON object.")
+    return value

@@ -1,0 +1,72 @@
+"""A trained head's folder: ``head.json``, ``weights.safetensors`` and ``train.json``, written last.
+
+``train.json`` records how the head was trained and the sha256 of the other two files, so a
+changed or corrupt checkpoint is caught before it is scored. Only JSON and safetensors are ever
+read; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+
+from etn_cli.errors import EtnError
+from etn_cli.store.fingerprint import file_sha256
+
+RECORD = "train.json"
+CHECKED_FILES = ("head.json", "weights.safetensors")
+HEAD_FIELDS = ("head", "config", "n_features", "n_classes")
+
+
+def head_checksums(folder: Path) -> dict[str, str]:
+    """sha256 of ``head.json`` and ``weights.safetensors`` in ``folder``."""
+    return {name: file_sha256(Path(folder) / name) for name in CHECKED_FILES}
+
+
+def check_head_folder(folder: Path) -> dict[str, Any]:
+    """Check that a head folder is whole and unchanged; return its ``train.json`` record.
+
+    Raises an EtnError naming the first problem and saying to delete the folder and train again.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EtnError(
+            f"Expected the trained head at {folder}, found none. Run etn train (or etn run) first."
+        )
+    fix = f"Delete {folder} and run etn train again."
+    record = _read_json(folder / RECORD, fix)
+    meta = _read_json(folder / "head.json", fix)
+    missing = [name for name in HEAD_FIELDS if name not in meta]
+    if missing:
+        raise EtnError(f"{folder / 'head.json'} lacks {', '.join(missing)}. {fix}")
+    for name, expected in (record.get("files") or {}).items():
+        path = folder / name
+        found = file_sha256(path) if path.is_file() else "missing"
+        if found != expected:
+            raise EtnError(
+                f"Head file {path} has sha256 {found[:12]}… but {RECORD} records "
+                f"{str(expected)[:12]}…: the file changed or is corrupt. {fix}"
+            )
+    try:
+        with safe_open(folder / "weights.safetensors", "np") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as err:
+        raise EtnError(
+            f"{folder / 'weights.safetensors'} is not a readable safetensors file ({err}). {fix}"
+        ) from None
+    return record
+
+
+def _read_json(path: Path, fix: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EtnError(f"Expected {path}, found none: the head is incomplete. {fix}") from None
+    except (ValueError, UnicodeDecodeError) as err:
+        raise EtnError(f"{path} is not valid JSON ({err}). {fix}") from None
+    if not isinstance(value, dict):
+        raise EtnError(f"{path} holds {type(value).__name__}, expected a JSON object. {fix}")
+    return value
