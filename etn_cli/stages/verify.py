@@ -20,6 +20,7 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.store.fingerprint import fingerprint_key
+from etn_cli.store.headfiles import read_json_object
 from etn_cli.store.leftovers import Leftover, clean_leftover, find_leftovers
 
 METRICS_COLUMNS = (
@@ -183,7 +184,7 @@ def _check_metrics(path: Path) -> None:
 def _check_finetune(path: Path) -> None:
     from etn_cli.stages.finetune import KIND, RECORD
 
-    record = _read_json_object(path / RECORD)
+    record = read_json_object(path / RECORD)
     named = KEY_SUFFIX.search(path.name)
     if record.get("kind") != KIND or (named and record.get("key") != named.group(1)):
         raise EtnError(f"{RECORD} has kind {record.get('kind')!r} and key {record.get('key')!r}; "
@@ -200,22 +201,10 @@ def _check_files(path: Path) -> None:
         raise EtnError("The folder is empty.")
     for file in files:
         if file.suffix == ".json":
-            _read_json_object(file)
+            read_json_object(file)
         elif file.suffix == ".safetensors":
             try:
                 with safe_open(file, "np") as handle:
                     handle.keys()
             except (SafetensorError, OSError) as err:
                 raise EtnError(f"{file.name} is not a readable safetensors file ({err}).") from None
-
-
-def _read_json_object(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EtnError(f"{path.name} is missing.") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise EtnError(f"{path.name} is not valid JSON ({err}).") from None
-    if not isinstance(value, dict):
-        raise EtnError(f"{path.name} holds {type(value).__name__}, expected a JSON object.")
-    return value

@@ -37,8 +37,8 @@ def check_head_folder(folder: Path) -> dict[str, Any]:
             f"Expected the trained head at {folder}, found none. Run etn train (or etn run) first."
         )
     fix = f"Delete {folder} and run etn train again."
-    record = _read_json(folder / RECORD, fix)
-    meta = _read_json(folder / "head.json", fix)
+    record = read_json_object(folder / RECORD, fix)
+    meta = read_json_object(folder / "head.json", fix)
     missing = [name for name in HEAD_FIELDS if name not in meta]
     if missing:
         raise EtnError(f"{folder / 'head.json'} lacks {', '.join(missing)}. {fix}")
@@ -60,13 +60,18 @@ def check_head_folder(folder: Path) -> dict[str, Any]:
     return record
 
 
-def _read_json(path: Path, fix: str) -> dict[str, Any]:
+def read_json_object(path: Path, fix: str = "") -> dict[str, Any]:
+    """A JSON file holding one object, or an EtnError saying what is wrong with it (+ ``fix``)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise EtnError(f"Expected {path}, found none: the head is incomplete. {fix}") from None
+        raise EtnError(
+            f"Expected {path}, found none: the unit is incomplete. {fix}".strip()
+        ) from None
     except (ValueError, UnicodeDecodeError) as err:
-        raise EtnError(f"{path} is not valid JSON ({err}). {fix}") from None
+        raise EtnError(f"{path} is not valid JSON ({err}). {fix}".strip()) from None
     if not isinstance(value, dict):
-        raise EtnError(f"{path} holds {type(value).__name__}, expected a JSON object. {fix}")
+        raise EtnError(
+            f"{path} holds {type(value).__name__}, expected a JSON object. {fix}".strip()
+        )
     return value
