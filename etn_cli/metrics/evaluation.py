@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from etn_cli.errors import EtnError
 from etn_cli.metrics.scores import id_score
@@ -84,12 +83,16 @@ def classification_metrics(
 
 def fpr_at_95_tpr(labels: np.ndarray, scores: np.ndarray) -> float:
     """False-positive rate at the highest threshold whose true-positive rate reaches 95%."""
+    from sklearn.metrics import roc_curve  # on use: a rerun that scores nothing never needs it
+
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     return float(fpr[np.argmax(tpr >= 0.95)])
 
 
 def ranking_metrics(labels: np.ndarray, scores: np.ndarray, score: str) -> list[MetricValue]:
     """AUPR, AUROC and FPR@95%TPR of ``scores`` (higher = positive) against binary ``labels``."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
     values = {
         "aupr": average_precision_score(labels, scores),
         "auroc": roc_auc_score(labels, scores),

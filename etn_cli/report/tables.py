@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from etn_cli.errors import EtnError
 
@@ -115,6 +114,13 @@ def _runtime_rows(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def t_quantile(dof: np.ndarray) -> np.ndarray:
+    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (scipy on use)."""
+    from scipy import stats
+
+    return stats.t.ppf(0.975, dof)
+
+
 def summarize(df: pl.DataFrame) -> pl.DataFrame:
     """Mean, 95% CI half-width and seed count per setting, eval set, method, metric and score.
 
@@ -134,7 +140,7 @@ def summarize(df: pl.DataFrame) -> pl.DataFrame:
     n = summary["n_seeds"].to_numpy().astype(np.float64)  # (G,)
     std = summary["std"].fill_null(0.0).to_numpy()  # (G,)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ci = np.where(n > 1, stats.t.ppf(0.975, n - 1) * std / np.sqrt(n), 0.0)  # (G,)
+        ci = np.where(n > 1, t_quantile(n - 1) * std / np.sqrt(n), 0.0)  # (G,)
     ci95 = pl.Series("ci95", ci).set(pl.Series(n == 0), None)
     return summary.with_columns(ci95).select(*SEED_KEYS, "mean", "ci95", "n_seeds", "note")
 
