@@ -174,8 +174,11 @@ def predict(
     data_dir: DataDir = DEFAULT_DATA,
     device: Device = None,
 ) -> None:
-    """Run a pipeline's trained head on new inputs: one row per input with the prediction,
-    its probabilities and every uncertainty score, written to Parquet or CSV."""
+    """Run a trained head on new inputs; write one row per input with every score.
+
+    Inputs are an image folder, a JSONL file of questions or a dataset split (digits:test);
+    the output (Parquet or CSV) holds the prediction, its probabilities and every
+    uncertainty score, plus flags for --threshold."""
     from etn_cli.stages.predict import output_format, parse_thresholds
     from etn_cli.stages.predict import predict as run_predict
 
@@ -263,8 +266,10 @@ def list_names(
 
 @app.command()
 def status(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA) -> None:
-    """Show each unit of the pipeline (finetune, feature splits, heads x seeds, metrics) as
-    done, partial (in progress or interrupted) or missing, with a summary line."""
+    """Show which units of a pipeline are done, partial or missing.
+
+    Units are the fine-tuned backbone, the feature splits, the classifier, heads x seeds and
+    metrics files; partial means in progress or interrupted (with the shards done so far)."""
     from etn_cli.stages.status import render_status
     from etn_cli.stages.status import status as unit_status
 
