@@ -8,12 +8,18 @@ on the CPU threads torch is given, then asked to predict 10,000 rows. ``name:var
 time a variant (``etn:matrix``). The reference is a plain softmax over the same logits, timed
 in the same run, so the ratio says what a head costs on top of reading the backbone's output.
 
-    python benchmarks/bench_heads.py [--heads etn etn:vector static] [--rows 2500] [--dim 512]
+``--shape imagenet`` (10,000 x 2,048, C = 1,000) and ``--shape llm`` (5,000 x 4,096, C = 4)
+use the paper's adaptation settings of that column (ResNet50: batch 64, 50 epochs, ETN prior
+mode 5, lambda 1e-3; LLMs: batch 8, 5 epochs, ETN 3 layers of 512, prior mode 100, cosine
+schedule with warm-up) for every head that has such a setting.
+
+    python benchmarks/bench_heads.py [--heads etn etn:vector static] [--shape cifar|imagenet|llm]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -22,6 +28,18 @@ import torch
 from etn_cli.heads import heads
 
 VARIANTS = ("etn:vector", "etn:matrix", "static:vector", "static:matrix")
+SHAPES = {  # rows, dim, classes, settings of the paper's column (Supp. Table of hyper-parameters)
+    "cifar": (2500, 512, 10, {}),
+    "imagenet": (
+        10_000, 2048, 1000,
+        {"batch_size": 64, "epochs": 50, "prior_mode": 5.0, "kl_weight": 1e-3},
+    ),
+    "llm": (
+        5000, 4096, 4,
+        {"batch_size": 8, "epochs": 5, "prior_mode": 100.0, "depth": 3, "width": 512,
+         "schedule": "cosine", "warmup_fraction": 0.1},
+    ),
+}  # fmt: skip
 
 
 def features(rows: int, dim: int, classes: int, seed: int) -> tuple:
@@ -42,21 +60,23 @@ def features(rows: int, dim: int, classes: int, seed: int) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", nargs="*", default=[*heads.names(), *VARIANTS])
-    parser.add_argument("--rows", type=int, default=2500)
-    parser.add_argument("--dim", type=int, default=512)
-    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="cifar")
     args = parser.parse_args()
-    h, z, y, classifier, layers = features(args.rows, args.dim, args.classes, 0)
-    h_test, z_test, _, _, layers_test = features(10_000, args.dim, args.classes, 1)
+    rows, dim, classes, shape_settings = SHAPES[args.shape]
+    h, z, y, classifier, layers = features(rows, dim, classes, 0)
+    h_test, z_test, _, _, layers_test = features(10_000, dim, classes, 1)
     started = time.perf_counter()
     torch.softmax(torch.from_numpy(z_test), 1)
     reference = time.perf_counter() - started
     threads = torch.get_num_threads()
-    print(f"features {args.rows} x {args.dim}, C = {args.classes}, torch threads {threads}")
+    print(f"{args.shape}: features {rows} x {dim}, C = {classes}, torch threads {threads}")
     print(f"{'head':<16} {'train s':>9} {'predict s':>10} {'us/row':>8} {'x softmax':>10}")
     for entry in args.heads:
         name, _, variant = entry.partition(":")
-        head = heads.get(name)(**({"variant": variant} if variant else {}))
+        cls = heads.get(name)
+        fields = {f.name for f in dataclasses.fields(cls.Config)}
+        settings = {k: v for k, v in shape_settings.items() if k in fields}
+        head = cls(**settings, **({"variant": variant} if variant else {}))
         started = time.perf_counter()
         head.fit(h, z, y, classifier=classifier, layers=layers)
         fit_s = time.perf_counter() - started

@@ -29,6 +29,7 @@ every logit, so the predicted class (and accuracy) is the backbone's.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -159,16 +160,20 @@ class AdaTS(Head):
 
     @torch.no_grad()
     def temperatures(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The temperature ``T(h)`` at the posterior mean of the code (N,)."""
+        """The temperature ``T(h)`` at the posterior mean of the code (N,), in float64: a
+        float32 matrix product may round differently with the number of rows, and a sample's
+        prediction must not depend on its batch."""
+        module = copy.deepcopy(self.module_).double()
+        hidden = hidden.double()
         parts = [
-            self.module_.temperature(self.module_.encode(hidden[i : i + PREDICT_ROWS])[0])
+            module.temperature(module.encode(hidden[i : i + PREDICT_ROWS])[0])
             for i in range(0, len(hidden), PREDICT_ROWS)
         ]
         return torch.cat(parts)
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        temperature = self.temperatures(h).double()  # (N,)
+        temperature = self.temperatures(h)  # (N,) float64
         alpha = evidence(z.double() / temperature[:, None], self.module_.b.double()).numpy()
         probs = alpha / alpha.sum(1, keepdims=True)  # (N, C)
         return Prediction(probs, dirichlet_scores(alpha), alpha)

@@ -137,7 +137,8 @@ class SNGP(Head):
             weights = (probs * (1 - probs)).T  # (C, N)
         eye = self.config.ridge * torch.eye(m, dtype=phi.dtype)
         precision = torch.stack([eye + (phi * w[:, None]).T @ phi for w in weights])
-        return torch.cholesky_inverse(torch.linalg.cholesky(precision)).float()
+        covariance = torch.cholesky_inverse(torch.linalg.cholesky(precision)).float()
+        return covariance.contiguous()  # the layout a loaded checkpoint has: same rounding
 
     @torch.no_grad()
     def predictive_variance(self, h: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ def fit_module(
     data = tuple(t.to(device) for t in tensors)
     n = len(data[0])
     steps = epochs * math.ceil(n / batch_size)
-    optimizer = torch.optim.Adam(module.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(schedule, steps, warmup_fraction)
     )
