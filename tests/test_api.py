@@ -14,11 +14,10 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from cli_runner import etn
 from sklearn.metrics import average_precision_score
-from typer.testing import CliRunner
 
 import etn_cli
-from etn_cli.cli import app
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan, open_source
@@ -49,13 +48,6 @@ name = "odin"
 name = "dmm"
 epochs = 2
 """
-
-
-def etn(*args: str | Path) -> tuple[int, str]:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def write(folder: Path, name: str, text: str) -> Path:

@@ -10,9 +10,8 @@ import h5py
 import numpy as np
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from cli_runner import etn
 
-from etn_cli.cli import app
 from etn_cli.errors import EtnError
 
 TINY = """
@@ -39,13 +38,6 @@ def write_pipeline(folder: Path, name: str = "tiny", etn_epochs: int = 3) -> Pat
     path = folder / f"{name}.toml"
     path.write_text(TINY.format(name=name, etn_epochs=etn_epochs))
     return path
-
-
-def etn(*args: str | Path) -> tuple[int, str]:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def unit_files(data: Path) -> dict[Path, int]:

@@ -10,11 +10,10 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from cli_runner import etn
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
-from etn_cli.cli import app
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan, open_source
@@ -63,13 +62,6 @@ def write(folder: Path, finetune_table: str | None = FINETUNE, lr: float = 1e-3)
     table = finetune_table.format(lr=lr) if finetune_table else ""
     path.write_text(PIPELINE.format(finetune=table))
     return path
-
-
-def etn(*args: str | Path) -> tuple[int, str]:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def files(data: Path) -> dict[Path, int]:

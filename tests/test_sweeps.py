@@ -9,9 +9,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from cli_runner import etn
 
-from etn_cli.cli import app
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import parse_pipeline
 from etn_cli.plan import make_plan
@@ -109,11 +108,9 @@ sweep = {{ variant = ["scalar", "vector", "matrix"] }}
 
 
 def _etn(*args) -> str:
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == 0, result.output
-    return result.output
+    code, output = etn(*args)
+    assert code == 0, output
+    return output
 
 
 @pytest.fixture(scope="module")

@@ -88,7 +88,9 @@ class Head:
 
     @property
     def display_label(self) -> str:
-        return self.label
+        """``label``, naming a non-default transformation variant: ``ETN (vector)``."""
+        variant = self.variant
+        return self.label if variant in ("", "scalar") else f"{self.label} ({variant})"
 
     @property
     def backbone_passes(self) -> int:

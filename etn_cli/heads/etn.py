@@ -143,10 +143,6 @@ class ETN(Head):
     Config = ETNConfig
 
     @property
-    def display_label(self) -> str:
-        return "ETN" if self.config.variant == "scalar" else f"ETN ({self.config.variant})"
-
-    @property
     def is_matrix(self) -> bool:
         return self.config.variant == "matrix"
 

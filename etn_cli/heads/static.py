@@ -68,11 +68,6 @@ class Static(Head):
     label = "Static scaling"
     Config = StaticConfig
 
-    @property
-    def display_label(self) -> str:
-        variant = self.config.variant
-        return self.label if variant == "scalar" else f"{self.label} ({variant})"
-
     def _build(self, n_classes: int) -> None:
         if self.config.variant == "matrix":
             self.module_ = StaticMatrix(n_classes, self.config)
