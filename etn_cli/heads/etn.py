@@ -50,6 +50,7 @@ from etn_cli.heads.matrix import (
     sample_matrix_normal,
     transform_logits,
 )
+from etn_cli.heads.scalar_density import scalar_log_density, use_fused
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
 
@@ -141,6 +142,7 @@ class ETN(Head):
     name = "etn"
     label = "ETN"
     Config = ETNConfig
+    fused_ = False  # fit with the compiled scalar objective (etn_cli.heads.scalar_density)
 
     @property
     def is_matrix(self) -> bool:
@@ -173,12 +175,14 @@ class ETN(Head):
             batch = min(cfg.batch_size, len(z))
             check_matrix_feasible(z.shape[1], batch, cfg.mc_samples, limit, width=cfg.width)
         self._build(h.shape[1], z.shape[1])
+        work = cfg.mc_samples * z.numel() * cfg.epochs
+        self.fused_ = cfg.variant == "scalar" and use_fused(device, work)
         if cfg.standardize:
             self.net_.mean.copy_(h.mean(0))
             self.net_.std.copy_(h.std(0).clamp_min(1e-6))
         module = nn.ModuleDict({"net": self.net_})
         module.register_parameter("b_raw", self.b_raw_)
-        fit_module(
+        self.history_ = fit_module(  # the mean adaptation loss per epoch
             module, self.loss, (h, z, y), epochs=cfg.epochs, batch_size=cfg.batch_size,
             lr=cfg.lr, seed=cfg.seed, device=device, schedule=cfg.schedule,
             warmup_fraction=cfg.warmup_fraction, desc="etn",
@@ -199,8 +203,12 @@ class ETN(Head):
         else:
             shape, rate = self.net_(h)  # (B, K)
             a = torch.distributions.Gamma(shape, rate).rsample((cfg.mc_samples,))  # (M, B, K)
-            alpha = evidence(a * z, self.b_)  # (M, B, C)
             kl = gamma_kl(shape, rate, *self.prior_).sum(-1)  # (B,)
+            if cfg.variant == "scalar":
+                density = scalar_log_density(a, z, self.b_, y, cfg.nu, fused=self.fused_)
+                nll = -density.mean(0)  # (B,)
+                return nll + cfg.kl_weight * kl
+            alpha = evidence(a * z, self.b_)  # (M, B, C)
             penalty = 0.0
         nll = -expected_dirichlet_log_density(alpha, y, cfg.nu).mean(0)  # (B,)
         return nll + cfg.kl_weight * kl + penalty
