@@ -245,14 +245,15 @@ class DigitsCNNBackbone(Backbone):
 
     def load(self) -> Path:
         """Load the cached weights, training and caching them first when they are missing."""
-        train = Digits().load_split("train")
-        folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train.fingerprint)}"
+        train_fingerprint = Digits().split_fingerprint("train")  # no data loaded
+        folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train_fingerprint)}"
         weights = folder / WEIGHTS_FILE
         if not weights.is_file():
             folder.parent.mkdir(parents=True, exist_ok=True)
             with unit_lock(folder):  # overlapping runs train it once; the other one waits
                 if not weights.is_file():
-                    train_and_save(self.config, train, Digits().load_split("test"), folder)
+                    train, test = Digits().load_split("train"), Digits().load_split("test")
+                    train_and_save(self.config, train, test, folder)
         try:
             self.model.load_state_dict(load_file(weights), strict=True)
         except (SafetensorError, RuntimeError) as err:

@@ -5,22 +5,28 @@ the semantic-shift OOD set (``digits_unseen``) and the ID test images under stro
 noise are the covariate-shift OOD set (``digits_noise``). Nothing is downloaded:
 ``load_digits`` reads a file shipped inside scikit-learn. ``Split.index`` is the row of each
 sample in ``load_digits()``, so every extracted feature traces back to its image.
+
+Fingerprints are computed from that file's sha256, the scikit-learn version (which fixes
+``train_test_split``) and the selection settings, without importing scikit-learn: the import
+alone takes about a second, which a rerun that only checks its caches should not pay.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from etn_cli.datasets.base import DatasetSource, Split, datasets
 from etn_cli.errors import EtnError
+from etn_cli.store.fingerprint import file_sha256
 
 ID_CLASSES = (0, 1, 2, 3, 4, 5, 6)
 UNSEEN_CLASSES = (7, 8, 9)
@@ -32,27 +38,39 @@ PIXEL_MAX = 16.0  # sklearn digits pixels are integers 0..16
 
 
 @functools.lru_cache(maxsize=1)
-def load_raw() -> tuple[np.ndarray, np.ndarray, str]:
-    """All 1,797 digits as ``(images (N, 1, 8, 8) float32 in [0, 1], labels (N,) int64, sha256)``.
+def load_raw() -> tuple[np.ndarray, np.ndarray]:
+    """All 1,797 digits as ``(images (N, 1, 8, 8) float32 in [0, 1], labels (N,) int64)``."""
+    from sklearn.datasets import load_digits
 
-    The sha256 covers the raw pixels and labels, so a changed sklearn dataset changes every
-    fingerprint built on it.
-    """
     raw = load_digits()
-    digest = hashlib.sha256()
-    digest.update(np.ascontiguousarray(raw.images, dtype=np.float64).tobytes())
-    digest.update(np.ascontiguousarray(raw.target, dtype=np.int64).tobytes())
     images = (raw.images / PIXEL_MAX).astype(np.float32)[:, None]  # (N, 1, 8, 8)
     labels = raw.target.astype(np.int64)  # (N,)
     images.flags.writeable = False
     labels.flags.writeable = False
-    return images, labels, digest.hexdigest()
+    return images, labels
+
+
+@functools.lru_cache(maxsize=1)
+def data_sha256() -> str:
+    """The sha256 of the file ``load_digits`` reads, found without importing scikit-learn; if
+    a scikit-learn release moves it, the sha256 of the loaded pixels and labels instead."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return file_sha256(path)
+    images, labels = load_raw()
+    digest = hashlib.sha256(np.ascontiguousarray(images).tobytes())
+    digest.update(np.ascontiguousarray(labels).tobytes())
+    return digest.hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
 def id_split_rows() -> dict[str, np.ndarray]:
     """Rows of ``load_digits()`` in each ID split: stratified by class, seeded, sorted."""
-    _, labels, _ = load_raw()
+    from sklearn.model_selection import train_test_split
+
+    _, labels = load_raw()
     rows = np.flatnonzero(np.isin(labels, ID_CLASSES))
     rest, test = train_test_split(
         rows, test_size=SPLIT_FRACTIONS["test"], stratify=labels[rows], random_state=SPLIT_SEED
@@ -64,35 +82,34 @@ def id_split_rows() -> dict[str, np.ndarray]:
     return {"train": np.sort(train), "adapt": np.sort(adapt), "test": np.sort(test)}
 
 
-def rows_sha256(rows: np.ndarray) -> str:
-    """A digest of the selected rows, so that a different selection never shares a cache key."""
-    return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
-
-
-def base_fingerprint(classes: tuple[int, ...], rows: np.ndarray) -> dict[str, Any]:
-    """What every digits split has in common: the source, its digest and the selection."""
+def base_fingerprint(name: str, split: str, classes: tuple[int, ...]) -> dict[str, Any]:
+    """What every digits split has in common: the source file's digest, the scikit-learn
+    version and the classes (the rows follow from these and the split's own settings)."""
     return {
+        "dataset": name,
+        "split": split,
         "source": "sklearn.datasets.load_digits",
-        "data_sha256": load_raw()[2],
+        "scikit_learn": importlib.metadata.version("scikit-learn"),
+        "data_sha256": data_sha256(),
         "classes": list(classes),
         "pixel_scale": f"x / {PIXEL_MAX:g}",
-        "rows": len(rows),
-        "rows_sha256": rows_sha256(rows),
     }
 
 
-def make_split(
-    name: str, split: str, rows: np.ndarray, images: np.ndarray, num_classes: int, fp: dict
-) -> Split:
+def make_split(source: DigitsSource, split: str, rows: np.ndarray, images: np.ndarray) -> Split:
     """Wrap ``images`` (N, 1, 8, 8) of the given source ``rows`` as a :class:`Split`."""
     labels = torch.from_numpy(load_raw()[1][rows].copy())  # (N,)
     data = TensorDataset(torch.from_numpy(np.array(images, dtype=np.float32)), labels)
     index = rows.astype(np.int64)  # (N,)
-    return Split(name, split, data, index, num_classes, {"dataset": name, "split": split, **fp})
+    fp = source.split_fingerprint(split)
+    return Split(source.name, split, data, index, source.num_classes, fp)
 
 
 class DigitsSource(DatasetSource):
-    """Shared checks for the three digits sources; subclasses implement :meth:`build`."""
+    """Shared checks for the three digits sources; subclasses implement :meth:`fingerprint`
+    (cheap: no data is loaded) and :meth:`build`."""
+
+    num_classes: int
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
         if options:
@@ -102,13 +119,23 @@ class DigitsSource(DatasetSource):
             )
         super().__init__(root)
 
-    def load_split(self, split: str) -> Split:
+    def check_split(self, split: str) -> None:
         if split not in self.splits:
             raise EtnError(
                 f"Dataset {self.name!r} has no split {split!r}. "
                 f"Available splits: {', '.join(self.splits)}. Use one of them."
             )
+
+    def load_split(self, split: str) -> Split:
+        self.check_split(split)
         return self.build(split)
+
+    def split_fingerprint(self, split: str) -> dict[str, Any]:
+        self.check_split(split)
+        return self.fingerprint(split)
+
+    def fingerprint(self, split: str) -> dict[str, Any]:
+        raise NotImplementedError
 
     def build(self, split: str) -> Split:
         raise NotImplementedError
@@ -120,12 +147,15 @@ class Digits(DigitsSource):
 
     name = "digits"
     splits = ("train", "adapt", "test")
+    num_classes = len(ID_CLASSES)
+
+    def fingerprint(self, split: str) -> dict[str, Any]:
+        fp = base_fingerprint(self.name, split, ID_CLASSES)
+        return fp | {"split_fractions": SPLIT_FRACTIONS, "split_seed": SPLIT_SEED}
 
     def build(self, split: str) -> Split:
         rows = id_split_rows()[split]
-        fp = base_fingerprint(ID_CLASSES, rows)
-        fp.update(split_fractions=SPLIT_FRACTIONS, split_seed=SPLIT_SEED)
-        return make_split(self.name, split, rows, load_raw()[0][rows], len(ID_CLASSES), fp)
+        return make_split(self, split, rows, load_raw()[0][rows])
 
 
 @datasets.register("digits_unseen")
@@ -134,12 +164,15 @@ class DigitsUnseen(DigitsSource):
 
     name = "digits_unseen"
     splits = ("test",)
+    num_classes = 10
+
+    def fingerprint(self, split: str) -> dict[str, Any]:
+        return base_fingerprint(self.name, split, UNSEEN_CLASSES)
 
     def build(self, split: str) -> Split:
-        images, labels, _ = load_raw()
+        images, labels = load_raw()
         rows = np.flatnonzero(np.isin(labels, UNSEEN_CLASSES))
-        fp = base_fingerprint(UNSEEN_CLASSES, rows)
-        return make_split(self.name, split, rows, images[rows], 10, fp)
+        return make_split(self, split, rows, images[rows])
 
 
 @datasets.register("digits_noise")
@@ -148,18 +181,21 @@ class DigitsNoise(DigitsSource):
 
     name = "digits_noise"
     splits = ("test",)
+    num_classes = len(ID_CLASSES)
+
+    def fingerprint(self, split: str) -> dict[str, Any]:
+        fp = base_fingerprint(self.name, split, ID_CLASSES)
+        return fp | {
+            "split_fractions": SPLIT_FRACTIONS,
+            "split_seed": SPLIT_SEED,
+            "corruption": "gaussian_noise",
+            "noise_sigma": NOISE_SIGMA,
+            "noise_seed": NOISE_SEED,
+        }
 
     def build(self, split: str) -> Split:
         rows = id_split_rows()["test"]
         clean = load_raw()[0][rows]  # (N, 1, 8, 8)
         noise = np.random.default_rng(NOISE_SEED).normal(0.0, NOISE_SIGMA, size=clean.shape)
         noisy = np.clip(clean + noise, 0.0, 1.0).astype(np.float32)  # (N, 1, 8, 8)
-        fp = base_fingerprint(ID_CLASSES, rows)
-        fp.update(
-            split_fractions=SPLIT_FRACTIONS,
-            split_seed=SPLIT_SEED,
-            corruption="gaussian_noise",
-            noise_sigma=NOISE_SIGMA,
-            noise_seed=NOISE_SEED,
-        )
-        return make_split(self.name, split, rows, noisy, len(ID_CLASSES), fp)
+        return make_split(self, split, rows, noisy)
