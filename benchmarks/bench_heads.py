@@ -25,6 +25,7 @@ import time
 import numpy as np
 import torch
 
+from etn_cli.errors import EtnError
 from etn_cli.heads import heads
 
 VARIANTS = ("etn:vector", "etn:matrix", "static:vector", "static:matrix")
@@ -78,7 +79,11 @@ def main() -> None:
         settings = {k: v for k, v in shape_settings.items() if k in fields}
         head = cls(**settings, **({"variant": variant} if variant else {}))
         started = time.perf_counter()
-        head.fit(h, z, y, classifier=classifier, layers=layers)
+        try:
+            head.fit(h, z, y, classifier=classifier, layers=layers)
+        except EtnError as refusal:  # e.g. the matrix variant's memory check at C = 1,000
+            print(f"{entry:<16} refused: {refusal}")
+            continue
         fit_s = time.perf_counter() - started
         started = time.perf_counter()
         head.predict(h_test, z_test, layers=layers_test)

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from etn_cli.distributed import is_main_process, refuse_under_torchrun
 from etn_cli.errors import EtnError
 
 app = typer.Typer(
@@ -83,11 +84,14 @@ def run(
 
     Safe to rerun (e.g. from cron): finished units are found by their content keys and kept.
     Several pipelines run in turn; a failing one does not stop the others, and the exit code
-    is non-zero if any failed.
+    is non-zero if any failed. Under torchrun the ranks share extraction, then rank 0 alone
+    trains, evaluates and prints the tables.
     """
     from etn_cli.stages.run import run_many
 
     outcomes = run_many(pipelines, data_dir, device=device, fmt=format.value)
+    if not is_main_process():
+        raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
     for outcome in outcomes:
         if outcome.ok:
             typer.echo(f"\n## {outcome.path}\n\n{outcome.table}")
@@ -112,6 +116,7 @@ def finetune(
     """
     from etn_cli.stages.finetune import finetune as run_finetune
 
+    refuse_under_torchrun("finetune")
     plan = _plan(pipeline, data_dir)
     if plan.finetune is None:
         raise EtnError(
@@ -123,10 +128,16 @@ def finetune(
 
 @app.command()
 def extract(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA, device: Device = None) -> None:
-    """Run the backbone once per dataset split and cache hidden states + logits as HDF5 shards."""
+    """Run the backbone once per dataset split and cache hidden states + logits as HDF5 shards.
+
+    Under torchrun (torchrun --nproc-per-node N -m etn_cli extract ...) each rank extracts a
+    share of every split on its own GPU and rank 0 merges them; the result is the same."""
     from etn_cli.stages.extract import extract as run_extract
 
-    _run_stage(run_extract, pipeline, data_dir, device)
+    plan = _plan(pipeline, data_dir)
+    summary = run_extract(plan, device=_device(plan, device)).summary()
+    if is_main_process():
+        typer.echo(summary)
 
 
 @app.command()
@@ -139,6 +150,7 @@ def train(
     """Fit every head of the pipeline (per seed) on the cached adaptation features."""
     from etn_cli.stages.train import train as run_train
 
+    refuse_under_torchrun("train")
     _run_stage(run_train, pipeline, data_dir, device, force=force)
 
 
@@ -152,6 +164,7 @@ def evaluate(
     """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
     from etn_cli.stages.evaluate import evaluate as run_evaluate
 
+    refuse_under_torchrun("evaluate")
     _run_stage(run_evaluate, pipeline, data_dir, device, force=force)
 
 
@@ -182,6 +195,7 @@ def predict(
     from etn_cli.stages.predict import output_format, parse_thresholds
     from etn_cli.stages.predict import predict as run_predict
 
+    refuse_under_torchrun("predict")
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
     plan = _plan(pipeline, data_dir)
@@ -203,6 +217,7 @@ def report(
     from etn_cli.stages.report import report as run_report
     from etn_cli.stages.report import report_files
 
+    refuse_under_torchrun("report")
     parquet = [p for p in sources if p.suffix == ".parquet"]
     tables, plots = [], []
     for source in sources:
@@ -235,6 +250,7 @@ def verify(
     """
     from etn_cli.stages.verify import verify as run_verify
 
+    refuse_under_torchrun("verify")
     outcome = run_verify(data_dir, clean_partials=clean_partials)
     typer.echo(outcome.render())
     if outcome.damaged:
@@ -273,6 +289,7 @@ def status(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA) -> None:
     from etn_cli.stages.status import render_status
     from etn_cli.stages.status import status as unit_status
 
+    refuse_under_torchrun("status")
     plan = _plan(pipeline, data_dir)
     typer.echo(render_status(plan, unit_status(plan)))
 

@@ -12,7 +12,8 @@ Refused data (NaN, wrong shapes) discards the private folder. Backbones run thei
 passes under ``torch.inference_mode`` themselves; this stage does not impose it, since ODIN
 needs a gradient. Batches come from ``backbone.loader(split, batch_size, workers,
 pin_memory)``: the torchvision backbone uses ``[data] workers`` loader processes and pinned
-memory on CUDA; the base class falls back to ``batches(split, batch_size)``.
+memory on CUDA; the base class falls back to ``batches(split, batch_size)``. Under torchrun the
+ranks share each split out and rank 0 merges their pieces (:mod:`etn_cli.stages.extract_ranks`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from etn_cli.distributed import torchrun_world
 from etn_cli.errors import EtnError
 from etn_cli.heads.training import progress
 from etn_cli.plan import FeatureUnit, Plan, open_source
@@ -53,8 +55,14 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     if plan.backbone is None:  # the user's own shards: nothing to extract
         result.skipped += [str(u.path) for u in plan.feature_units]
         return result
+    world = torchrun_world()
     with explained_storage_errors():
-        _extract_units(plan, device, result)
+        if world is None:
+            _extract_units(plan, device, result)
+        else:  # torchrun: every rank extracts a block of each split, rank 0 merges
+            from etn_cli.stages.extract_ranks import extract_on_ranks
+
+            extract_on_ranks(plan, device, result, world)
     return result
 
 
@@ -71,7 +79,7 @@ def _extract_units(plan: Plan, device: str, result: StageResult) -> None:
                 continue
             extract_split(plan, unit, backbone(), device)
             result.done.append(str(unit.path))
-    _store_classifier(plan, backbone)
+    store_classifier(plan, backbone)
 
 
 def load_backbone(plan: Plan, device: str) -> Any:
@@ -104,18 +112,14 @@ def extract_split(plan: Plan, unit: FeatureUnit, backbone: Any, device: str) -> 
     split = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
     record = provenance()
     started = time.perf_counter()
-    forward_s = 0.0
     fingerprint = unit.fingerprint or {}
     resume = {"batch_size": data.batch_size}  # the batches must be the same to skip them
     with ShardWriter(unit.path, fingerprint, data.shard_rows, record, resume=resume) as writer:
         with BackgroundAppender(writer.append) as sink:
             total = -(-len(split) // data.batch_size) - writer.resumed_batches
             batches = remaining_batches(batches_of(backbone, split, plan, device), writer)
-            for inputs, labels, index in progress(batches, f"extract {unit.path.name}", total):
-                tick = time.perf_counter()
-                hidden, logits, extras = backbone.extract_batch(inputs)
-                forward_s += time.perf_counter() - tick
-                sink.put(hidden, logits, labels, index, extras)
+            batches = progress(batches, f"extract {unit.path.name}", total)
+            forward_s = forward_into(sink, backbone, batches)
         computed = max(1, len(split) - len(writer.resumed_index))
         writer.extra["timing"] = {
             "wall_s": time.perf_counter() - started,
@@ -126,6 +130,18 @@ def extract_split(plan: Plan, unit: FeatureUnit, backbone: Any, device: str) -> 
         }
         writer.extra["loaded_backbone"] = json.loads(canonical_json(backbone.fingerprint()))
         writer.extra["loader"] = {"batch_size": data.batch_size, "workers": data.workers}
+
+
+def forward_into(sink: BackgroundAppender, backbone: Any, batches: Iterable) -> float:
+    """Run the backbone on each ``(inputs, labels, index)`` batch and put its outputs into
+    ``sink``; return the seconds spent in forward passes."""
+    forward_s = 0.0
+    for inputs, labels, index in batches:
+        tick = time.perf_counter()
+        hidden, logits, extras = backbone.extract_batch(inputs)
+        forward_s += time.perf_counter() - tick
+        sink.put(hidden, logits, labels, index, extras)
+    return forward_s
 
 
 def remaining_batches(loader: Iterable, writer: ShardWriter) -> Iterable:
@@ -145,12 +161,24 @@ def remaining_batches(loader: Iterable, writer: ShardWriter) -> Iterable:
 def tail_loader(loader: Any, skip: int, rows: int) -> Any:
     """A copy of a sequential ``DataLoader`` that starts after its first ``skip`` batches, or
     None when ``loader`` is not one (or the skipped batches do not hold ``rows`` rows)."""
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader) or loader.batch_size is None:
+        return None
+    size = len(loader.dataset)
+    if min(skip * loader.batch_size, size) != rows:
+        return None
+    return sliced_loader(loader, rows, size)
+
+
+def sliced_loader(loader: Any, start: int, stop: int) -> Any:
+    """A copy of a sequential ``DataLoader`` that reads only rows [start, stop) of its dataset,
+    in batches of the same size, or None when ``loader`` is not one."""
     from torch.utils.data import DataLoader, SequentialSampler, Subset
 
     if not isinstance(loader, DataLoader) or not isinstance(loader.sampler, SequentialSampler):
         return None
-    size = len(loader.dataset)
-    if loader.batch_size is None or loader.drop_last or min(skip * loader.batch_size, size) != rows:
+    if loader.batch_size is None or loader.drop_last:
         return None
     options = {
         "batch_size": loader.batch_size,
@@ -164,7 +192,8 @@ def tail_loader(loader: Any, skip: int, rows: int) -> Any:
     }
     if loader.num_workers:
         options["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(Subset(loader.dataset, range(rows, size)), shuffle=False, **options)
+    rows = range(start, min(stop, len(loader.dataset)))
+    return DataLoader(Subset(loader.dataset, rows), shuffle=False, **options)
 
 
 def _skipped(loader: Iterable, skip: int, covered: np.ndarray, writer: ShardWriter) -> Iterator:
@@ -249,7 +278,7 @@ class BackgroundAppender:
                 self.busy_s += time.perf_counter() - tick
 
 
-def _store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
+def store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
     path = plan.classifier_path
     if path is None or path.exists():
         return

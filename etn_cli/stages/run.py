@@ -2,7 +2,8 @@
 
 Safe to run from cron and to overlap: every unit is built under its own kernel lock, a killed
 run leaves nothing a rerun cannot resume or rebuild, and two runs on one data directory build
-each unit once between them."""
+each unit once between them. Under torchrun every rank extracts its share of each split, then
+rank 0 alone trains, evaluates and reports while the other ranks end."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from etn_cli.distributed import rank_device, torchrun_world
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan
@@ -49,15 +51,17 @@ def run_pipeline(
 ) -> RunOutcome:
     started = time.perf_counter()
     pipeline = load_pipeline(path)
+    world = torchrun_world()
     with explained_storage_errors():  # a full disk or a read-only folder is one line
         plan = make_plan(pipeline, data_dir)
         dev = resolve_device(device or pipeline.device)
+        dev = dev if world is None else rank_device(dev, world)
         results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
-        results += [
-            extract(plan, device=dev),
-            train(plan, device=dev),
-            evaluate(plan, device=dev),
-        ]
+        results.append(extract(plan, device=dev))
+        if world is not None and not world.main:  # rank 0 alone goes on after extraction
+            message = f"{results[-1].summary()} ({world}: extraction only)"
+            return RunOutcome(path, True, time.perf_counter() - started, message)
+        results += [train(plan, device=dev), evaluate(plan, device=dev)]
         table, plots = report(plan, fmt=fmt)
     if plots:
         table += "\n\nplots: " + ", ".join(str(p) for p in plots if p.suffix == ".png")
