@@ -5,12 +5,13 @@ Builds the ``torchvision`` backbone with random weights (``weights = "none"``), 
 
 1. ``forward``: ``model(x)`` alone, inputs already on the device (inference mode, autocast
    with ``--dtype``): the reference;
-2. ``extract_batch``: what extract runs per batch (host-to-device copy, hooks for the hidden
-   state, float32 copies back to the host);
-3. ``extract, writer inline``: the loader (pinned memory on CUDA) + ``extract_batch`` +
-   ``ShardWriter.append`` one after the other;
-4. ``extract, writer thread``: the same with the writing overlapped with the next forward
-   pass, as ``etn extract`` does it (``BackgroundAppender``).
+2. ``loader alone``: iterating the backbone's loader (normalisation, pinned memory on CUDA);
+3. ``extract_batch``: what extract runs per batch (host-to-device copy, hooks for the hidden
+   state, float32 copies back to the host), inputs already loaded;
+4. ``extract, writer inline`` / ``extract, writer thread``: the loader + ``extract_batch`` +
+   a resumable ``ShardWriter`` (journal, fsync and sha256 per shard, as ``etn extract``
+   writes) fed inline or through the writer thread. ``etn extract`` writes inline on the CPU
+   and through the thread on a GPU (``shard_sink``); ``(etn)`` marks the one it uses here.
 
 Images are float tensors, so the loader only normalises them; JPEG decoding, which dominates
 real ImageNet extraction unless ``[data] workers`` is large enough, is left out on purpose.
@@ -23,7 +24,6 @@ real ImageNet extraction unless ``[data] workers`` is large enough, is left out 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,7 +35,7 @@ from torch.utils.data import TensorDataset
 
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
 from etn_cli.datasets.base import Split
-from etn_cli.stages.extract import BackgroundAppender
+from etn_cli.stages.extract import BackgroundAppender, forward_into, shard_sink
 from etn_cli.store import ShardWriter
 
 
@@ -90,24 +90,31 @@ def main() -> None:
         for x in batches:
             backbone.extract_batch(x)
 
-    def extract(overlap: bool) -> Callable[[], None]:
+    pin = device.type == "cuda"
+
+    def loader_alone() -> None:
+        for _ in backbone.loader(split, args.batch, workers=args.workers, pin_memory=pin):
+            pass
+
+    def extract(threaded: bool) -> Callable[[], None]:
         def run() -> None:
             with tempfile.TemporaryDirectory() as folder:
-                with ShardWriter(Path(folder) / "split", {"bench": True}) as writer:
-                    sink = BackgroundAppender(writer.append) if overlap else None
-                    with sink or contextlib.nullcontext():
-                        pin = device.type == "cuda"
-                        for x, y, i in backbone.loader(split, args.batch, args.workers, pin):
-                            h, z, extras = backbone.extract_batch(x)
-                            (sink.put if sink else writer.append)(h, z, y, i, extras)
+                resume = {"batch_size": args.batch}  # journaled shards, as etn extract writes
+                with ShardWriter(Path(folder) / "split", {"bench": True}, resume=resume) as writer:
+                    with BackgroundAppender(writer.append, threaded=threaded) as sink:
+                        loader = backbone.loader(split, args.batch, workers=args.workers,
+                                                 pin_memory=pin)  # fmt: skip
+                        forward_into(sink, backbone, loader)
 
         return run
 
+    used = shard_sink(print, args.device).threaded
     runs = {
         "forward (reference)": forward,
+        "loader alone": loader_alone,
         "extract_batch": extract_batches,
-        "extract, writer inline": extract(overlap=False),
-        "extract, writer thread": extract(overlap=True),
+        "extract, writer inline" + ("" if used else " (etn)"): extract(threaded=False),
+        "extract, writer thread" + (" (etn)" if used else ""): extract(threaded=True),
     }
     print(f"{args.model}, {n} images of {args.image_size}x{args.image_size}, batch "
           f"{args.batch}, {args.dtype} on {device}, best of {args.repeats}")  # fmt: skip

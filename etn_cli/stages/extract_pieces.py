@@ -1,8 +1,8 @@
 """One rank's share of a split under torchrun: its pieces, read and written in order.
 
 A rank reads only the batches of its pieces that no earlier run finished
-(:func:`batches_in`), runs the backbone on them and hands the outputs to a writer thread
-(:class:`~etn_cli.stages.extract.BackgroundAppender`) that fills one
+(:func:`batches_in`), runs the backbone on them and hands the outputs to the shard writer (a
+thread on a GPU, :func:`~etn_cli.stages.extract.shard_sink`) that fills one
 :class:`~etn_cli.store.shards.ShardWriter` per piece (:class:`PieceWriter`) and publishes each
 piece as soon as its last batch is in, so a killed run keeps every finished piece.
 """
@@ -21,7 +21,7 @@ from etn_cli.errors import EtnError
 from etn_cli.heads.training import progress
 from etn_cli.plan import FeatureUnit, Plan, open_source
 from etn_cli.provenance import provenance
-from etn_cli.stages.extract import BackgroundAppender, batches_of, forward_into, sliced_loader
+from etn_cli.stages.extract import batches_of, forward_into, shard_sink, sliced_loader
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 from etn_cli.store.pieces import Layout, Piece, pieces_folder, reusable
 from etn_cli.store.shards import ShardWriter
@@ -72,7 +72,7 @@ def write_pieces(
     record = provenance()
     try:
         with PieceWriter(folder, todo, unit.fingerprint or {}, record) as pieces:
-            with BackgroundAppender(pieces.append) as sink:
+            with shard_sink(pieces.append, device) as sink:
                 forward_s = forward_into(sink, backbone(), batches)
     except EtnError as err:
         raise RefusedData(str(err)) from None
