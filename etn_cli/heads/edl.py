@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch.nn import functional as F
 
 
+@functools.lru_cache(maxsize=64)  # called every training step with the same two numbers
 def target_log_pi(num_classes: int, nu: float) -> tuple[float, float]:
     """``E[log pi_i]`` under the target ``Dir(1 + (nu - 1) e_y)``: ``(c_y, c_other)``.
 

@@ -202,7 +202,9 @@ class ETN(Head):
             penalty = cfg.odir_weight * odir_penalty(mu)  # (B,)
         else:
             shape, rate = self.net_(h)  # (B, K)
-            a = torch.distributions.Gamma(shape, rate).rsample((cfg.mc_samples,))  # (M, B, K)
+            # the net's softplus keeps shape and rate positive: skip the per-step argument checks
+            gamma = torch.distributions.Gamma(shape, rate, validate_args=False)
+            a = gamma.rsample((cfg.mc_samples,))  # (M, B, K)
             kl = gamma_kl(shape, rate, *self.prior_).sum(-1)  # (B,)
             if cfg.variant == "scalar":
                 density = scalar_log_density(a, z, self.b_, y, cfg.nu, fused=self.fused_)

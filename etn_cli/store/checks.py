@@ -72,8 +72,10 @@ def check_finite(array: np.ndarray, what: str, where: str, first_row: int, fix: 
     ``first_row`` is the position of ``array[0]`` in the unit named by ``where``, so the reported
     rows are the ones a user would look up.
     """
+    if np.isfinite(array.sum()):  # a NaN or inf anywhere makes the sum non-finite; no copy
+        return
     finite = np.isfinite(array)
-    if finite.all():
+    if finite.all():  # the sum overflowed, the values are fine
         return
     bad_rows = np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1)) + first_row
     span = f"row {bad_rows[0]}" if len(bad_rows) == 1 else f"rows {bad_rows[0]}..{bad_rows[-1]}"

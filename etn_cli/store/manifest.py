@@ -57,7 +57,17 @@ def build_manifest(
 
 
 def save_manifest(split_dir: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest.json`` atomically, indented so that people can read it."""
+    """Write ``manifest.json`` atomically, indented so that people can read it.
+
+    Each listed shard's size and modification time (``bytes``, ``mtime_ns``) are recorded
+    beside its sha256 as the shard is on disk now, so that readers re-hash only a shard that
+    changed since (:func:`shard_unchanged`); ``etn verify`` re-hashes every shard.
+    """
+    for entry in manifest["shards"]:
+        path = Path(split_dir) / entry["file"]
+        if path.is_file():
+            stat = path.stat()
+            entry["bytes"], entry["mtime_ns"] = stat.st_size, stat.st_mtime_ns
     atomic_write_text(Path(split_dir) / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
 
 
@@ -126,3 +136,12 @@ def _check_top_level(manifest: Any, path: Path) -> None:
                 f"Manifest {path} has a shard entry {entry!r}; expected file, rows and sha256. "
                 "Regenerate it with etn_cli.store.write_manifest."
             )
+
+
+def shard_unchanged(path: Path, entry: dict[str, Any]) -> bool:
+    """Whether the shard at ``path`` has the size and modification time its manifest
+    ``entry`` recorded when it was written (False for entries without them)."""
+    if "bytes" not in entry or "mtime_ns" not in entry:
+        return False
+    stat = path.stat()
+    return stat.st_size == entry["bytes"] and stat.st_mtime_ns == entry["mtime_ns"]
