@@ -8,6 +8,9 @@ on the CPU threads torch is given, then asked to predict 10,000 rows. ``name:var
 time a variant (``etn:matrix``). The reference is a plain softmax over the same logits, timed
 in the same run, so the ratio says what a head costs on top of reading the backbone's output.
 
+The first optimizer a process creates imports ``torch._dynamo`` (about 2 s, once per
+process, whatever the head); the script imports it up front so that no head is charged for it.
+
 ``--shape imagenet`` (10,000 x 2,048, C = 1,000) and ``--shape llm`` (5,000 x 4,096, C = 4)
 use the paper's adaptation settings of that column (ResNet50: batch 64, 50 epochs, ETN prior
 mode 5, lambda 1e-3; LLMs: batch 8, 5 epochs, ETN 3 layers of 512, prior mode 100, cosine
@@ -24,6 +27,7 @@ import time
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401 - see below
 
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads
