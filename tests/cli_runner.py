@@ -1,7 +1,9 @@
-"""Run the ``etn`` command in-process for tests, the way a user's shell would."""
+"""Helpers shared by the CLI tests: run ``etn`` in-process the way a user's shell would, start
+from an empty data directory, compare shard contents."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -16,3 +18,15 @@ def etn(*args: str | Path) -> tuple[int, str]:
     if result.exception and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result.exit_code, result.output
+
+
+def fresh_data(tmp_path: Path, reference: tuple[Path, Path]) -> Path:
+    """An empty data dir holding only the digits CNN a reference run trained (a cache)."""
+    data = tmp_path / "data"
+    shutil.copytree(reference[1] / "backbones", data / "backbones")
+    return data
+
+
+def checksums(manifest: dict) -> list[tuple[str, int, str]]:
+    """What a manifest says about its shards' content (the recorded file times differ)."""
+    return [(e["file"], e["rows"], e["sha256"]) for e in manifest["shards"]]

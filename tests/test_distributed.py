@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from cli_runner import etn
+from cli_runner import checksums, etn, fresh_data
 from torch.utils.data import DataLoader, Dataset
 
 from etn_cli.errors import EtnError
@@ -106,13 +105,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     outcome = run_pipeline(pipeline, root / "data")
     assert outcome.ok, outcome.message
     return pipeline, root / "data"
-
-
-def fresh_data(tmp_path: Path, reference: tuple[Path, Path]) -> Path:
-    """An empty data dir holding only the digits CNN the reference run trained (a cache)."""
-    data = tmp_path / "data"
-    shutil.copytree(reference[1] / "backbones", data / "backbones")
-    return data
 
 
 def torchrun(*args: str | Path, script: Path | None = None) -> subprocess.CompletedProcess:
@@ -310,8 +302,3 @@ def test_commands_without_a_multi_process_mode_refuse_torchrun(
     monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc-per-node 1: one ordinary process
     code, output = etn("status", pipeline, "--data-dir", data)
     assert code == 0 and "tiny: " in output
-
-
-def checksums(manifest: dict) -> list[tuple[str, int, str]]:
-    """What a manifest says about its shards' content (the recorded file times differ)."""
-    return [(e["file"], e["rows"], e["sha256"]) for e in manifest["shards"]]

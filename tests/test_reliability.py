@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from cli_runner import fresh_data
 from safetensors.torch import save_file
 
 from etn_cli import plan as plan_module
@@ -70,13 +71,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     outcome = run_pipeline(pipeline, root / "data")
     assert outcome.ok, outcome.message
     return pipeline, root / "data"
-
-
-def fresh_data(tmp_path: Path, reference: tuple[Path, Path]) -> Path:
-    """An empty data dir holding only the digits CNN the reference run trained (a cache)."""
-    data = tmp_path / "data"
-    shutil.copytree(reference[1] / "backbones", data / "backbones")
-    return data
 
 
 def start_run(pipeline: Path, data: Path) -> subprocess.Popen:

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from cli_runner import checksums
 
 from etn_cli.errors import EtnError
 from etn_cli.store import (
@@ -385,8 +386,3 @@ def test_replace_swaps_folders_so_a_reader_never_finds_none(tmp_path: Path) -> N
     reader.join()
     assert "none" not in seen and (final / "value.txt").read_text() == "39"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["unit"]
-
-
-def checksums(manifest: dict) -> list[tuple[str, int, str]]:
-    """What a manifest says about its shards' content (the recorded file times differ)."""
-    return [(e["file"], e["rows"], e["sha256"]) for e in manifest["shards"]]
