@@ -131,6 +131,7 @@ class CondVAETemperature(nn.Module):
 class AdaTS(Head):
     name = "adats"
     label = "AdaTS (EDL loss)"
+    family = "evidential"
     Config = AdaTSConfig
 
     def _build(self, n_features: int, n_classes: int) -> None:

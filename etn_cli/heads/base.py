@@ -71,6 +71,7 @@ class Head:
 
     name: ClassVar[str]
     label: ClassVar[str]
+    family: ClassVar[str] = "other"  # report grouping: evidential, bayesian, deterministic, posthoc
     Config: ClassVar[type[HeadConfig]] = HeadConfig
     needs_classifier: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False  # consumes pooled intermediate layers (``layers``)

@@ -90,6 +90,7 @@ def belief_matching_loss(
 class DMM(Head):
     name = "dmm"
     label = "DMM"
+    family = "evidential"
     Config = DMMConfig
     needs_layers = True
 

@@ -106,6 +106,7 @@ class RBFHead(nn.Module):
 class DUQ(Head):
     name = "duq"
     label = "DUQ (head)"
+    family = "deterministic"
     Config = DUQConfig
 
     def _build(self, n_features: int, n_classes: int) -> None:

@@ -23,6 +23,7 @@ class EnergyConfig(HeadConfig):
 class Energy(Head):
     name = "energy"
     label = "Energy"
+    family = "posthoc"
     Config = EnergyConfig
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001

@@ -51,6 +51,7 @@ def member_seed(seed: int, member: int) -> int:
 class Ensemble(Head):
     name = "ensemble"
     label = "Deep ensemble (last layer)"
+    family = "bayesian"
     Config = EnsembleConfig
     needs_classifier = True
 

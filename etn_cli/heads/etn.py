@@ -141,6 +141,7 @@ def mlp(n_in: int, width: int, depth: int, n_out: int) -> nn.Sequential:
 class ETN(Head):
     name = "etn"
     label = "ETN"
+    family = "evidential"
     Config = ETNConfig
     fused_ = False  # fit with the compiled scalar objective (etn_cli.heads.scalar_density)
 

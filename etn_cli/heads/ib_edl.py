@@ -119,6 +119,7 @@ def information_bottleneck_kl(mu: torch.Tensor, sigma: torch.Tensor) -> torch.Te
 class IBEDL(Head):
     name = "ib_edl"
     label = "IB-EDL (last layer)"
+    family = "evidential"
     Config = IBEDLConfig
     needs_classifier = True
 

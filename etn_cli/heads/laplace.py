@@ -100,6 +100,7 @@ def fit_laplace(la: Any, h: torch.Tensor, y: torch.Tensor, cfg: LaplaceConfig) -
 class LastLayerLaplace(Head):
     name = "laplace"
     label = "Laplace (last layer, KFAC)"
+    family = "bayesian"
     Config = LaplaceConfig
     needs_classifier = True
 

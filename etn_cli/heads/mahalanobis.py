@@ -19,6 +19,7 @@ from etn_cli.metrics.scores import probability_scores
 class Mahalanobis(Head):
     name = "mahalanobis"
     label = "Mahalanobis"
+    family = "posthoc"
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         h = h.double()

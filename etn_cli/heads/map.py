@@ -14,6 +14,7 @@ class MAP(Head):
 
     name = "map"
     label = "MAP"
+    family = "posthoc"
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         return None

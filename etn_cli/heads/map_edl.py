@@ -68,6 +68,7 @@ class EvidentialLinear(nn.Module):
 class MapEDL(Head):
     name = "map_edl"
     label = "MAP_EDL (last layer)"
+    family = "evidential"
     Config = MapEDLConfig
     needs_classifier = True
 

@@ -66,6 +66,7 @@ def keep_masks(keys: np.ndarray, passes: int, width: int, p: float) -> np.ndarra
 class MCDropout(Head):
     name = "mcd"
     label = "MC dropout"
+    family = "bayesian"
     Config = MCDropoutConfig
     needs_classifier = True
 

@@ -40,6 +40,7 @@ class ODINConfig(HeadConfig):
 class ODIN(Head):
     name = "odin"
     label = "ODIN"
+    family = "posthoc"
     Config = ODINConfig
 
     def __init__(self, **settings) -> None:  # noqa: ANN003

@@ -91,6 +91,7 @@ class RandomFeatureGP(nn.Module):
 class SNGP(Head):
     name = "sngp"
     label = "SNGP (head)"
+    family = "deterministic"
     Config = SNGPConfig
 
     def _build(self, n_features: int, n_classes: int) -> None:

@@ -66,6 +66,7 @@ class StaticMatrix(nn.Module):
 class Static(Head):
     name = "static"
     label = "Static scaling"
+    family = "evidential"
     Config = StaticConfig
 
     def _build(self, n_classes: int) -> None:

@@ -112,6 +112,7 @@ def metrics_frame(
             "method": head.head.name,
             "method_label": label,
             "variant": head.head.variant,
+            "family": fitted.family,
             "seed": head.seed,
             "metric": m.metric,
             "score": m.score,
