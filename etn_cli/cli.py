@@ -1,17 +1,36 @@
 """The ``etn`` command: parse options, load the pipeline, call one stage, exit.
 
 Heavy libraries (torch, h5py, polars) are imported inside the commands, so ``--help`` is fast.
+Usage errors are one line on stderr and exit status 2; domain errors (:class:`EtnError`) are one
+line too; only a bug keeps its traceback.
 """
 
 from __future__ import annotations
 
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from etn_cli import progress
+from etn_cli.cli_options import (
+    DataDir,
+    Device,
+    Force,
+    FormatOption,
+    Only,
+    Overrides,
+    PipelineArg,
+    Quiet,
+    Verbose,
+    check_format,
+    choose,
+    fail,
+    one_line,
+    only_heads,
+    resolve_data_dir,
+)
 from etn_cli.distributed import is_main_process, refuse_under_torchrun
 from etn_cli.errors import EtnError
 
@@ -19,46 +38,39 @@ app = typer.Typer(
     help="Evidential Transformation Network: trustworthy confidence and OOD scores for any "
     "pretrained classifier, from cached features.\n\nTypical use: `etn run pipelines/digits.toml`.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-DataDir = Annotated[
-    Path,
-    typer.Option(
-        "--data-dir",
-        "-d",
-        envvar="ETN_DATA_DIR",
-        help="Where features, heads, metrics and reports live (env ETN_DATA_DIR).",
-    ),
-]
-Device = Annotated[
-    str | None,
-    typer.Option(help="cpu, cuda, cuda:1 … (default: the pipeline's `device`, else auto)."),
-]
-PipelineArg = Annotated[Path, typer.Argument(help="A pipeline file, e.g. pipelines/digits.toml.")]
-Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new copy swapped in).")]
-DEFAULT_DATA = Path("data")
+LISTINGS = ("heads", "backbones", "datasets", "pipelines")
 
 
-class Format(StrEnum):
-    md = "md"
-    csv = "csv"
-    tex = "tex"
+def _version(value: bool) -> None:
+    if value:
+        from etn_cli.provenance import code_version
+
+        typer.echo(f"etn {code_version()}")
+        raise typer.Exit(0)
 
 
-class Listing(StrEnum):
-    heads = "heads"
-    backbones = "backbones"
-    datasets = "datasets"
-    pipelines = "pipelines"
+@app.callback()
+def _main_options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Evidential Transformation Network: trustworthy confidence and OOD scores for any
+    pretrained classifier, from cached features. Typical use: `etn run pipelines/digits.toml`."""
 
 
-def _plan(pipeline: Path, data_dir: Path):  # noqa: ANN202
+def _plan(pipeline: Path, data_dir: Path | None, overrides=None, only=None):  # noqa: ANN001, ANN202
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
-    return make_plan(load_pipeline(pipeline), data_dir)
+    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    return make_plan(loaded, resolve_data_dir(data_dir))
 
 
 def _device(plan, device: str | None) -> str:  # noqa: ANN001
@@ -67,18 +79,26 @@ def _device(plan, device: str | None) -> str:  # noqa: ANN001
     return resolve_device(device or plan.pipeline.device)
 
 
-def _run_stage(stage, pipeline: Path, data_dir: Path, device: str | None, **options) -> None:  # noqa: ANN001, ANN003
+def _run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
     """Plan the pipeline, run one stage on it and print what it built and skipped."""
-    plan = _plan(pipeline, data_dir)
+    plan = _plan(pipeline, data_dir, overrides, only)
     typer.echo(stage(plan, device=_device(plan, device), **options).summary())
 
 
 @app.command()
 def run(
     pipelines: Annotated[list[Path], typer.Argument(help="Pipeline files or folders of them.")],
-    data_dir: DataDir = DEFAULT_DATA,
+    data_dir: DataDir = None,
     device: Device = None,
-    format: Annotated[Format, typer.Option(help="Table format printed.")] = Format.md,
+    format: FormatOption = "table",
+    metric: Annotated[str | None, typer.Option(help="Show one metric (see `etn report`).")] = None,
+    overrides: Overrides = None,
+    only: Only = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print each unit, cached or to build; run nothing.")
+    ] = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
 ) -> None:
     """Run (finetune,) extract, train, evaluate and report per pipeline, skipping finished work.
 
@@ -87,17 +107,33 @@ def run(
     is non-zero if any failed. Under torchrun the ranks share extraction, then rank 0 alone
     trains, evaluates and prints the tables.
     """
-    from etn_cli.stages.run import run_many
+    from etn_cli.report.views import check_metric
+    from etn_cli.stages.run import RunOptions, dry_run_report, run_many
 
-    outcomes = run_many(pipelines, data_dir, device=device, fmt=format.value)
+    progress.configure(quiet=quiet, verbose=verbose)
+    options = RunOptions(
+        fmt=check_format(format),
+        metric=check_metric(metric),
+        overrides=tuple(overrides or ()),
+        only=only_heads(only),
+    )
+    data = resolve_data_dir(data_dir)
+    if dry_run:
+        typer.echo(dry_run_report(pipelines, data, options))
+        return
+    progress.say(f"etn: data directory {data.resolve()}")
+    outcomes = run_many(pipelines, data, device=device, options=options)
     if not is_main_process():
         raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
+    tables = [o for o in outcomes if o.ok and o.table]
+    for outcome in tables:
+        title = f"## {outcome.path}\n\n" if len(tables) > 1 and options.fmt != "json" else ""
+        typer.echo(f"{title}{outcome.table}")
     for outcome in outcomes:
         if outcome.ok:
-            typer.echo(f"\n## {outcome.path}\n\n{outcome.table}")
-    typer.echo("")
-    for outcome in outcomes:
-        typer.echo(outcome.line(), err=not outcome.ok)
+            progress.say(outcome.line())
+        else:
+            typer.echo(outcome.line(), err=True)
     if not all(o.ok for o in outcomes):
         raise typer.Exit(1)
 
@@ -105,9 +141,12 @@ def run(
 @app.command()
 def finetune(
     pipeline: PipelineArg,
-    data_dir: DataDir = DEFAULT_DATA,
+    data_dir: DataDir = None,
     device: Device = None,
     force: Force = False,
+    overrides: Overrides = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
 ) -> None:
     """Stage zero: train the backbone on the split named by the pipeline's finetune table.
 
@@ -117,7 +156,8 @@ def finetune(
     from etn_cli.stages.finetune import finetune as run_finetune
 
     refuse_under_torchrun("finetune")
-    plan = _plan(pipeline, data_dir)
+    progress.configure(quiet=quiet, verbose=verbose)
+    plan = _plan(pipeline, data_dir, overrides)
     if plan.finetune is None:
         raise EtnError(
             f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
@@ -127,14 +167,22 @@ def finetune(
 
 
 @app.command()
-def extract(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA, device: Device = None) -> None:
+def extract(
+    pipeline: PipelineArg,
+    data_dir: DataDir = None,
+    device: Device = None,
+    overrides: Overrides = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
     """Run the backbone once per dataset split and cache hidden states + logits as HDF5 shards.
 
     Under torchrun (torchrun --nproc-per-node N -m etn_cli extract ...) each rank extracts a
     share of every split on its own GPU and rank 0 merges them; the result is the same."""
     from etn_cli.stages.extract import extract as run_extract
 
-    plan = _plan(pipeline, data_dir)
+    progress.configure(quiet=quiet, verbose=verbose)
+    plan = _plan(pipeline, data_dir, overrides)
     summary = run_extract(plan, device=_device(plan, device)).summary()
     if is_main_process():
         typer.echo(summary)
@@ -143,29 +191,39 @@ def extract(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA, device: Dev
 @app.command()
 def train(
     pipeline: PipelineArg,
-    data_dir: DataDir = DEFAULT_DATA,
+    data_dir: DataDir = None,
     device: Device = None,
     force: Force = False,
+    overrides: Overrides = None,
+    only: Only = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
 ) -> None:
     """Fit every head of the pipeline (per seed) on the cached adaptation features."""
     from etn_cli.stages.train import train as run_train
 
     refuse_under_torchrun("train")
-    _run_stage(run_train, pipeline, data_dir, device, force=force)
+    progress.configure(quiet=quiet, verbose=verbose)
+    _run_stage(run_train, pipeline, data_dir, device, overrides, only, force=force)
 
 
 @app.command()
 def evaluate(
     pipeline: PipelineArg,
-    data_dir: DataDir = DEFAULT_DATA,
+    data_dir: DataDir = None,
     device: Device = None,
     force: Force = False,
+    overrides: Overrides = None,
+    only: Only = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
 ) -> None:
     """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
     from etn_cli.stages.evaluate import evaluate as run_evaluate
 
     refuse_under_torchrun("evaluate")
-    _run_stage(run_evaluate, pipeline, data_dir, device, force=force)
+    progress.configure(quiet=quiet, verbose=verbose)
+    _run_stage(run_evaluate, pipeline, data_dir, device, overrides, only, force=force)
 
 
 @app.command()
@@ -184,8 +242,9 @@ def predict(
         list[str] | None,
         typer.Option(help="SCORE=VALUE, repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5."),
     ] = None,
-    data_dir: DataDir = DEFAULT_DATA,
+    data_dir: DataDir = None,
     device: Device = None,
+    overrides: Overrides = None,
 ) -> None:
     """Run a trained head on new inputs; write one row per input with every score.
 
@@ -198,7 +257,7 @@ def predict(
     refuse_under_torchrun("predict")
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
-    plan = _plan(pipeline, data_dir)
+    plan = _plan(pipeline, data_dir, overrides)
     options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
     typer.echo(run_predict(plan, inputs, device=_device(plan, device), **options).summary())
 
@@ -209,32 +268,46 @@ def report(
         list[Path],
         typer.Argument(help="Pipeline files (their current results) or metrics *.parquet files."),
     ],
-    data_dir: DataDir = DEFAULT_DATA,
-    format: Annotated[Format, typer.Option(help="md, csv or tex, printed to stdout.")] = Format.md,
-    metric: Annotated[str, typer.Option(help="aupr (main tables) or auroc (appendix).")] = "aupr",
+    data_dir: DataDir = None,
+    format: FormatOption = "table",
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            help="One metric's full table: aupr, auroc, fpr95, aupr_in, aupr_out (per score), "
+            "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR)."
+        ),
+    ] = None,
+    overrides: Overrides = None,
+    only: Only = None,
 ) -> None:
-    """Print the paper's results table: per method ID ACC, MP, UM; per OOD set MP, MI, DE."""
+    """Print the results table of pipelines or metrics files and write tables and plots.
+
+    Tables, results.json and plots go to <data-dir>/reports/<pipeline>/ (their paths on
+    stderr); the table in the chosen format goes to stdout. Nothing is trained or scored."""
+    from etn_cli.report.views import check_metric
     from etn_cli.stages.report import report as run_report
     from etn_cli.stages.report import report_files
 
     refuse_under_torchrun("report")
+    fmt, metric = check_format(format), check_metric(metric)
     parquet = [p for p in sources if p.suffix == ".parquet"]
-    tables, plots = [], []
+    tables, written = [], []
     for source in sources:
         if source.suffix != ".parquet":
-            table, drawn = run_report(_plan(source, data_dir), fmt=format.value, metric=metric)
+            plan = _plan(source, data_dir, overrides, only)
+            table, files = run_report(plan, fmt=fmt, metric=metric)
             tables.append(table)
-            plots += [p for p in drawn if p.suffix == ".png"]
+            written += files
     if parquet:
-        tables.append(report_files(parquet, fmt=format.value, metric=metric))
+        tables.append(report_files(parquet, fmt=fmt, metric=metric))
     typer.echo("\n\n".join(tables))
-    for plot in plots:  # PNG paths (a PDF lies beside each) on stderr: stdout stays the table
-        typer.echo(f"plot: {plot}", err=True)
+    for path in written:  # stdout stays the table
+        typer.echo(f"wrote {path}", err=True)
 
 
 @app.command()
 def verify(
-    data_dir: DataDir = DEFAULT_DATA,
+    data_dir: DataDir = None,
     clean_partials: Annotated[
         bool,
         typer.Option(
@@ -251,7 +324,13 @@ def verify(
     from etn_cli.stages.verify import verify as run_verify
 
     refuse_under_torchrun("verify")
-    outcome = run_verify(data_dir, clean_partials=clean_partials)
+    data = resolve_data_dir(data_dir)
+    if not data.is_dir():
+        raise EtnError(
+            f"No data directory at {data}: nothing has run there yet, so there is nothing to "
+            "verify. Run `etn run PIPELINE` first, or pass --data-dir."
+        )
+    outcome = run_verify(data, clean_partials=clean_partials)
     typer.echo(outcome.render())
     if outcome.damaged:
         raise typer.Exit(1)
@@ -259,30 +338,25 @@ def verify(
 
 @app.command("ls")
 def list_names(
-    what: Annotated[Listing, typer.Argument(help="heads, backbones, datasets or pipelines.")],
+    what: Annotated[str, typer.Argument(help="heads, backbones, datasets or pipelines.")],
     folder: Annotated[Path, typer.Option(help="Where to look for pipelines.")] = Path("pipelines"),
 ) -> None:
-    """Print the registered names, one per line."""
-    if what is Listing.pipelines:
-        names = [str(p) for p in sorted(folder.glob("*.toml"))]
-    elif what is Listing.heads:
-        from etn_cli.heads import heads
+    """List the registered heads (with their family and needs), backbones, datasets, or the
+    pipeline files in a folder."""
+    from etn_cli.report.listing import listing
 
-        names = heads.names()
-    elif what is Listing.backbones:
-        from etn_cli.backbones import backbones
-
-        names = backbones.names()
-    else:
-        from etn_cli.datasets import datasets
-
-        names = datasets.names()
-    typer.echo("\n".join(names))
+    typer.echo(listing(choose(what, LISTINGS, "listing"), folder))
 
 
 @app.command()
-def status(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA) -> None:
-    """Show which units of a pipeline are done, partial or missing.
+def status(
+    pipeline: PipelineArg,
+    data_dir: DataDir = None,
+    format: FormatOption = "table",
+    overrides: Overrides = None,
+    only: Only = None,
+) -> None:
+    """Show which units of a pipeline are done, partial or missing (nothing is written).
 
     Units are the fine-tuned backbone, the feature splits, the classifier, heads x seeds and
     metrics files; partial means in progress or interrupted (with the shards done so far)."""
@@ -290,38 +364,38 @@ def status(pipeline: PipelineArg, data_dir: DataDir = DEFAULT_DATA) -> None:
     from etn_cli.stages.status import status as unit_status
 
     refuse_under_torchrun("status")
-    plan = _plan(pipeline, data_dir)
-    typer.echo(render_status(plan, unit_status(plan)))
+    fmt = check_format(format)
+    plan = _plan(pipeline, data_dir, overrides, only)
+    typer.echo(render_status(plan, unit_status(plan), fmt))
 
 
-def main() -> None:
-    """Entry point: a domain error is one line on stderr and exit status 2."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors exit 2 and domain errors 2, each as one line on stderr."""
+    from etn_cli.cli_options import UsageError
+
     try:
-        status = app(standalone_mode=False)  # click returns an Exit's code in this mode
-        if isinstance(status, int) and status:
-            sys.exit(status)
-    except EtnError as err:
-        typer.echo(f"error: {err}", err=True)
-        sys.exit(2)
+        code = app(args=argv, prog_name="etn", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except (UsageError, EtnError) as err:
+        fail(" ".join(str(err).split("\n")), 2)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        typer.echo("aborted", err=True)
+        print("aborted", file=sys.stderr)
         sys.exit(130)
+    except typer.TyperException as err:  # usage errors of typer's own click
+        if type(err).__name__ == "NoArgsIsHelpError":  # `etn run` with nothing: its help
+            print(err.format_message(), file=sys.stderr)
+            sys.exit(2)
+        print(one_line(err), file=sys.stderr)
+        sys.exit(getattr(err, "exit_code", 2))
     except OSError as err:  # a full disk or a read-only data directory is a user's problem
         from etn_cli.store.storage import is_storage_error, storage_error
 
         if not is_storage_error(err):
             raise
-        typer.echo(f"error: {storage_error(err)}", err=True)
-        sys.exit(2)
-    except Exception as err:
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
+        fail(storage_error(err), 2)
 
 
 if __name__ == "__main__":

@@ -126,8 +126,16 @@ TOP_LEVEL = (
 )
 
 
-def load_pipeline(path: Path) -> Pipeline:
-    """Parse and check a pipeline file; every problem is one EtnError naming file and key."""
+def load_pipeline(
+    path: Path, overrides: tuple[str, ...] = (), only: tuple[str, ...] = ()
+) -> Pipeline:
+    """Parse and check a pipeline file; every problem is one EtnError naming file and key.
+
+    ``overrides`` are ``--set KEY=VALUE`` strings applied to the file's tables before it is
+    checked (:func:`etn_cli.overrides.apply_overrides`); ``only`` keeps the heads of those
+    names or labels (``--only etn,map``)."""
+    from etn_cli.overrides import apply_overrides, keep_heads
+
     path = Path(path)
     if not path.is_file():
         raise EtnError(
@@ -137,6 +145,9 @@ def load_pipeline(path: Path) -> Pipeline:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise EtnError(f"{path} is not valid TOML: {err}. Fix the syntax.") from None
+    except UnicodeDecodeError:
+        raise EtnError(f"{path} is not a text file. Pass a pipeline .toml file.") from None
+    raw = keep_heads(apply_overrides(raw, overrides, path), only, path)
     return parse_pipeline(raw, path)
 
 

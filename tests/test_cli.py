@@ -49,7 +49,7 @@ def unit_files(data: Path) -> dict[Path, int]:
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     root = tmp_path_factory.mktemp("run")
     pipeline = write_pipeline(root)
-    code, output = etn("run", pipeline, "--data-dir", root / "data")
+    code, output = etn("run", pipeline, "--data-dir", root / "data", "-f", "md", "--metric", "aupr")
     assert code == 0, output
     return pipeline, root / "data", output
 
@@ -107,7 +107,7 @@ def test_stages_run_on_their_own_and_report_prints_every_format(tmp_path: Path) 
 def test_report_reads_parquet_files_directly(finished: tuple[Path, Path, str]) -> None:
     _, data, _ = finished
     files = sorted((data / "metrics" / "tiny").glob("*.parquet"))
-    code, output = etn("report", *files, "--metric", "auroc")
+    code, output = etn("report", *files, "--metric", "auroc", "--format", "md")
     assert code == 0 and "| ETN" in output
 
 
@@ -124,7 +124,10 @@ def test_a_failing_pipeline_does_not_stop_the_others(tmp_path: Path, finished) -
 
 def test_ls_prints_registered_names_one_per_line() -> None:
     paper = "etn map static adats map_edl ib_edl dmm laplace mcd ensemble mahalanobis odin energy"
-    assert etn("ls", "heads")[1].split() == sorted([*paper.split(), "duq", "sngp"])
+    rows = [line.split("  ")[0] for line in etn("ls", "heads")[1].splitlines()[1:]]
+    assert set(paper.split()) | {"duq", "sngp"} <= set(rows) and rows == sorted(rows)
+    header, etn_row = etn("ls", "heads")[1].splitlines()[0], next(r for r in rows if r == "etn")
+    assert header.split() == ["name", "family", "label", "needs"] and etn_row == "etn"
     assert "digits_cnn" in etn("ls", "backbones")[1].split()
     assert {"digits", "digits_unseen", "digits_noise"} <= set(etn("ls", "datasets")[1].split())
     repo = Path(__file__).resolve().parents[1]
@@ -156,7 +159,7 @@ def test_bring_your_own_features_train_evaluate_and_report(tmp_path: Path) -> No
         'ood = ["mine/far"]\nid_dataset = "toy"\nbackbone = "my-model"\n'
         '[[heads]]\nname = "etn"\nepochs = 5\nbatch_size = 32\n[[heads]]\nname = "energy"\n'
     )
-    code, output = etn("run", pipeline, "--data-dir", tmp_path / "data")
+    code, output = etn("run", pipeline, "-d", tmp_path / "data", "-f", "md", "--metric", "aupr")
     assert code == 0, output
     assert "toy → far MP" in output and "| ETN |" in output
     assert sorted(p.name for p in (tmp_path / "mine" / "adapt").iterdir()) == ["shard-00000.h5"]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from collections.abc import Callable
 
 import torch
-from tqdm.auto import tqdm
 
 from etn_cli.errors import EtnError
 
 
 def progress(iterable, desc: str, total: int | None = None):  # noqa: ANN001, ANN201
-    """A tqdm bar on a terminal, silent otherwise (cron, CI, pipes)."""
-    return tqdm(iterable, desc=desc, total=total, leave=False, disable=not sys.stderr.isatty())
+    """A tqdm bar on a terminal, silent otherwise (cron, CI, pipes, ``-q``)."""
+    from etn_cli.progress import bar
+
+    return bar(iterable, desc, total)
 
 
 def fit_module(

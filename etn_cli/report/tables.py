@@ -9,7 +9,6 @@ MI, DE); :func:`render` writes it as Markdown, CSV or LaTeX (booktabs).
 
 from __future__ import annotations
 
-from itertools import groupby
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ COLUMN_TYPES: dict[str, pl.DataType] = {
     "method": pl.String(),
     "method_label": pl.String(),
     "variant": pl.String(),
+    "family": pl.String(),  # evidential, bayesian, deterministic, posthoc (null in old files)
     "seed": pl.Int64(),
     "metric": pl.String(),
     "score": pl.String(),
@@ -33,9 +33,11 @@ COLUMN_TYPES: dict[str, pl.DataType] = {
     "note": pl.String(),
 }
 SETTING = ["pipeline", "backbone", "id_dataset"]
-METHOD = ["method", "method_label", "variant"]
+METHOD = ["method", "method_label", "variant", "family"]
+OPTIONAL_COLUMNS = ("family",)
+FAMILY_ORDER = ("evidential", "bayesian", "deterministic", "posthoc", "other")
 SEED_KEYS = [*SETTING, "eval_set", "task", *METHOD, "metric", "score"]
-PERCENT_METRICS = {"acc", "aupr", "auroc", "fpr95"}
+PERCENT_METRICS = {"acc", "ece", "aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id"}
 ID_SCORES = ("mp", "um")
 OOD_SCORES = ("mp", "mi", "de")
 OWN_SCORES = ("md", "energy", "kernel")  # dedicated OOD-detector scores, one "Own" column
@@ -50,12 +52,14 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
         if not Path(path).is_file():
             raise EtnError(f"Metrics file {path} does not exist. Run evaluate or fix the path.")
         frame = pl.read_parquet(path)
-        missing = [name for name in COLUMN_TYPES if name not in frame.columns]
+        missing = [n for n in COLUMN_TYPES if n not in frame.columns and n not in OPTIONAL_COLUMNS]
         if missing:
             raise EtnError(
                 f"Metrics file {path} lacks required columns: {', '.join(missing)}. "
                 "Re-run evaluate with this version of etn to rewrite it."
             )
+        absent = [pl.lit(None, pl.String).alias(n) for n in OPTIONAL_COLUMNS if n not in frame]
+        frame = frame.with_columns(absent) if absent else frame
         frames.append(frame.with_columns(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items()))
     return pl.concat(frames, how="diagonal_relaxed")
 
@@ -136,6 +140,7 @@ def summarize(df: pl.DataFrame) -> pl.DataFrame:
         pl.col("value").mean().alias("mean"),
         pl.col("value").std(ddof=1).alias("std"),
         pl.col("value").count().alias("n_seeds"),
+        pl.col("seed").filter(pl.col("value").is_not_null()).unique().sort().alias("seeds"),
         pl.col("note").drop_nulls().first().alias("note"),
     )
     n = summary["n_seeds"].to_numpy().astype(np.float64)  # (G,)
@@ -143,7 +148,7 @@ def summarize(df: pl.DataFrame) -> pl.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         ci = np.where(n > 1, t_quantile(n - 1) * std / np.sqrt(n), 0.0)  # (G,)
     ci95 = pl.Series("ci95", ci).set(pl.Series(n == 0), None)
-    return summary.with_columns(ci95).select(*SEED_KEYS, "mean", "ci95", "n_seeds", "note")
+    return summary.with_columns(ci95).select(*SEED_KEYS, "mean", "ci95", "n_seeds", "seeds", "note")
 
 
 def split_by_backbone(summary: pl.DataFrame) -> dict[tuple[str, str], pl.DataFrame]:
@@ -181,9 +186,12 @@ def _column_specs(summary: pl.DataFrame, metric: str) -> list[tuple[str, pl.Expr
     return specs
 
 
-def _row_labels(summary: pl.DataFrame) -> dict[tuple[str, str, str], str]:
-    """Display label per (method, method_label, variant), in first-appearance order."""
+def row_labels(summary: pl.DataFrame) -> dict[tuple, str]:
+    """Display label per method key (``METHOD``), grouped by family in ``FAMILY_ORDER``, in
+    first-appearance order within a family."""
     keys = summary.select(METHOD).unique(maintain_order=True).rows()
+    rank = {name: i for i, name in enumerate(FAMILY_ORDER)}
+    keys = sorted(keys, key=lambda k: rank.get(k[3] or "other", len(rank)))
     labels = [key[1] for key in keys]
     return {
         key: key[1] if labels.count(key[1]) == 1 else f"{key[1]} [{key[0]}/{key[2]}]"
@@ -191,11 +199,39 @@ def _row_labels(summary: pl.DataFrame) -> dict[tuple[str, str, str], str]:
     }
 
 
+def build_table(
+    summary: pl.DataFrame,
+    specs: list[tuple[str, pl.Expr, str]],
+    labels: dict[tuple, str] | None = None,
+) -> pl.DataFrame:
+    """One row per method: ``Method``, then per ``(name, row filter, metric)`` of ``specs`` a
+    struct cell ``mean, ci95, metric, n_seeds`` (percent metrics scaled by 100), and last the
+    method's ``Family``."""
+    labels = labels or row_labels(summary)
+    columns: dict[str, list] = {"Method": list(labels.values())}
+    for name, keep, cell_metric in specs:
+        scale = 100.0 if cell_metric in PERCENT_METRICS else 1.0
+        found = {
+            tuple(row[: len(METHOD)]): row[len(METHOD) :]
+            for row in summary.filter(keep).select(*METHOD, "mean", "ci95", "n_seeds").iter_rows()
+        }
+        cells = []
+        for key in labels:
+            mean, ci95, n = found.get(key, (None, None, 0))
+            mean = None if mean is None else mean * scale
+            ci95 = None if mean is None or ci95 is None else ci95 * scale
+            cells.append({"mean": mean, "ci95": ci95, "metric": cell_metric, "n_seeds": n})
+        columns[name] = cells
+    columns["Family"] = [key[3] or "other" for key in labels]  # last: cells keep their places
+    return pl.DataFrame(columns)
+
+
 def paper_table(summary: pl.DataFrame, metric: str = "aupr") -> pl.DataFrame:
     """The paper's results table (Table "AUPR scores"; AUROC in the appendix with "auroc").
 
-    One row per method; a ``Method`` column, then one struct column per cell with fields
-    ``mean``, ``ci95`` and ``metric``; acc, aupr, auroc and fpr95 are shown in percent.
+    One row per method; ``Method`` and ``Family`` columns, then one struct column per cell
+    with fields ``mean``, ``ci95``, ``metric`` and ``n_seeds``; acc, ece, aupr, auroc and
+    fpr95 are shown in percent.
     """
     settings = summary.select("pipeline", "backbone").unique().height
     if settings > 1:
@@ -203,115 +239,4 @@ def paper_table(summary: pl.DataFrame, metric: str = "aupr") -> pl.DataFrame:
             f"Expected one (pipeline, backbone) per table, found {settings}. "
             "Split the summary with split_by_backbone() and build one table each."
         )
-    labels = _row_labels(summary)
-    columns: dict[str, list] = {"Method": list(labels.values())}
-    for name, keep, cell_metric in _column_specs(summary, metric):
-        scale = 100.0 if cell_metric in PERCENT_METRICS else 1.0
-        found = {
-            tuple(row[:3]): row[3:]
-            for row in summary.filter(keep).select(*METHOD, "mean", "ci95").iter_rows()
-        }
-        cells = []
-        for key in labels:
-            mean, ci95 = found.get(key, (None, None))
-            mean = None if mean is None else mean * scale
-            cells.append({"mean": mean, "ci95": None if mean is None else ci95 * scale})
-        columns[name] = [{**cell, "metric": cell_metric} for cell in cells]
-    return pl.DataFrame(columns)
-
-
-LOWER_IS_BETTER = {"fpr95", "ece", "nll", "brier", RUNTIME}
-RENDER_FORMATS = ("md", "csv", "tex")
-MISSING = "–"
-
-
-def _cell_columns(table: pl.DataFrame) -> list[str]:
-    """Names of the struct (mean, ci95, metric) columns of a paper table."""
-    return [name for name, dtype in table.schema.items() if isinstance(dtype, pl.Struct)]
-
-
-def _ranks(cells: list[dict | None]) -> list[int]:
-    """Per cell: 1 if best, 2 if second best (by the shown 2-decimal value), else 0.
-
-    Best is the highest value, or the lowest for fpr95, ece, nll and brier. Needs 2+ values.
-    """
-    metrics = [cell["metric"] for cell in cells if cell and cell["metric"]]
-    sign = -1.0 if metrics and metrics[0] in LOWER_IS_BETTER else 1.0
-    shown = [None if not cell or cell["mean"] is None else round(cell["mean"], 2) for cell in cells]
-    distinct = sorted({sign * v for v in shown if v is not None}, reverse=True)
-    if sum(v is not None for v in shown) < 2:
-        return [0] * len(cells)
-    places = {value: place for place, value in enumerate(distinct[:2], start=1)}
-    return [0 if v is None else places.get(sign * v, 0) for v in shown]
-
-
-def _formatted(table: pl.DataFrame, style: str) -> list[list[str]]:
-    """Rows of text cells for ``md`` or ``tex``: ``mean ± ci`` with best/second marked."""
-    marks = {
-        "md": ("**{}**", "{}", "{} ± {}"),
-        "tex": (r"\textbf{{{}}}", r"\underline{{{}}}", r"{} $\pm$ {}"),
-    }[style]
-    columns = [[_escape(label, style) for label in table["Method"].to_list()]]
-    for name in _cell_columns(table):
-        cells = table[name].to_list()
-        texts = []
-        for cell, rank in zip(cells, _ranks(cells), strict=True):
-            if not cell or cell["mean"] is None:
-                texts.append(MISSING if style == "md" else "--")
-                continue
-            mean = marks[rank - 1].format(f"{cell['mean']:.2f}") if rank else f"{cell['mean']:.2f}"
-            texts.append(marks[2].format(mean, f"{cell['ci95']:.2f}"))
-        columns.append(texts)
-    return [list(row) for row in zip(*columns, strict=True)]
-
-
-def _escape(text: str, style: str) -> str:
-    """Escape LaTeX specials (``_ & % #``) and write arrows as ``$\\to$`` for ``tex``."""
-    if style != "tex":
-        return text
-    for char in "_&%#":
-        text = text.replace(char, "\\" + char)
-    return text.replace("→", r"$\to$")
-
-
-def _render_md(table: pl.DataFrame) -> str:
-    """Markdown table with ``mean ± ci`` cells, best per column in bold, ``–`` for missing."""
-    header = ["Method", *_cell_columns(table)]
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in _formatted(table, "md")]
-    return "\n".join(lines) + "\n"
-
-
-def _render_tex(table: pl.DataFrame) -> str:
-    """booktabs LaTeX table grouped like the paper: one multicolumn per eval set."""
-    names = _cell_columns(table)
-    spans, rules, start = [], [], 2
-    for group, members in groupby(names, key=lambda name: name.rsplit(" ", 1)[0]):
-        width = len(list(members))
-        spans.append(rf"\multicolumn{{{width}}}{{c}}{{{_escape(group, 'tex')}}}")
-        rules.append(rf"\cmidrule(lr){{{start}-{start + width - 1}}}")
-        start += width
-    subheads = [name.rsplit(" ", 1)[-1] for name in names]
-    lines = [rf"\begin{{tabular}}{{l{'c' * len(names)}}}", r"\toprule"]
-    lines += ["Method & " + " & ".join(spans) + r" \\", " ".join(rules)]
-    lines += [" & " + " & ".join(subheads) + r" \\", r"\midrule"]
-    lines += [" & ".join(row) + r" \\" for row in _formatted(table, "tex")]
-    return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"]) + "\n"
-
-
-def _render_csv(table: pl.DataFrame) -> str:
-    """CSV with a ``<cell> mean`` and a ``<cell> ci95`` column per cell; empty when missing."""
-    fields = [
-        pl.col(name).struct.field(part).alias(f"{name} {part}")
-        for name in _cell_columns(table)
-        for part in ("mean", "ci95")
-    ]
-    return table.select("Method", *fields).write_csv()
-
-
-def render(table: pl.DataFrame, fmt: str) -> str:
-    """Render a :func:`paper_table` as ``md``, ``csv`` or ``tex`` text."""
-    renderers = {"md": _render_md, "csv": _render_csv, "tex": _render_tex}
-    if fmt not in renderers:
-        raise EtnError(f"Unknown table format '{fmt}'. Use one of: {', '.join(RENDER_FORMATS)}.")
-    return renderers[fmt](table)
+    return build_table(summary, _column_specs(summary, metric))

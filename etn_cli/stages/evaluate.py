@@ -24,7 +24,7 @@ from etn_cli.metrics.evaluation import (
 from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.result import StageResult
-from etn_cli.stages.train import check_plan_features
+from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.store.atomic import atomic_write_bytes, remove_tmp, unit_lock
 from etn_cli.store.consistency import check_varies
 from etn_cli.store.headfiles import check_head_folder
@@ -36,7 +36,9 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
     """Write the metrics file of every head whose file is missing (or all, with ``force``)."""
     result = StageResult("evaluate")
     todo = [u for u in plan.metrics if force or not u.path.is_file()]
-    result.skipped += [str(u.path) for u in plan.metrics if u not in todo]
+    for u in plan.metrics:
+        if u not in todo:
+            result.skip(u.path, unit_name(u.head))
     if not todo:
         return result
     check_plan_features(plan)
@@ -47,12 +49,13 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
             ensure_writable(unit.path.parent)
             with unit_lock(unit.path):
                 if unit.path.is_file() and not force:  # written while we waited
-                    result.skipped.append(str(unit.path))
+                    result.skip(unit.path, unit_name(unit.head), "finished by another run")
                     continue
                 remove_tmp(unit.path)  # a killed run's half-written file; we hold the lock
-                frame = score_head(plan, unit, heads[unit.key], read, device)
-                atomic_write_bytes(unit.path, parquet_bytes(frame))
-                result.done.append(str(unit.path))
+                reason = "--force" if force else "no metrics file with this key"
+                with result.build(unit.path, unit_name(unit.head), reason):
+                    frame = score_head(plan, unit, heads[unit.key], read, device)
+                    atomic_write_bytes(unit.path, parquet_bytes(frame))
     return result
 
 

@@ -54,7 +54,8 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     a unit a killed run left half done is resumed from its journaled shards."""
     result = StageResult("extract")
     if plan.backbone is None:  # the user's own shards: nothing to extract
-        result.skipped += [str(u.path) for u in plan.feature_units]
+        for u in plan.feature_units:
+            result.skip(u.path, split_name(u), "your own features")
         return result
     world = torchrun_world()
     with explained_storage_errors():
@@ -71,16 +72,21 @@ def _extract_units(plan: Plan, device: str, result: StageResult) -> None:
     backbone = cache(lambda: load_backbone(plan, device))  # built only when there is work
     for unit in plan.feature_units:
         if split_is_complete(unit.path):
-            result.skipped.append(str(unit.path))
+            result.skip(unit.path, split_name(unit))
             continue
         ensure_writable(unit.path.parent)
         with unit_lock(unit.path):
             if split_is_complete(unit.path):  # another process finished it while we waited
-                result.skipped.append(str(unit.path))
+                result.skip(unit.path, split_name(unit), "finished by another run")
                 continue
-            extract_split(plan, unit, backbone(), device)
-            result.done.append(str(unit.path))
+            with result.build(unit.path, split_name(unit), "no manifest with this key"):
+                extract_split(plan, unit, backbone(), device)
     store_classifier(plan, backbone)
+
+
+def split_name(unit: FeatureUnit) -> str:
+    """How a feature unit is named in progress lines: ``digits.test`` (its role if own)."""
+    return f"{unit.dataset}.{unit.split}" if unit.dataset else f"{unit.name} ({unit.role})"
 
 
 def load_backbone(plan: Plan, device: str) -> Any:

@@ -38,17 +38,18 @@ def finetune(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
     unit = plan.finetune
     if unit is None:
         return result
+    name = f"{plan.backbone_name} on {unit.dataset}.{unit.split}"
     if finetune_is_complete(unit.path) and not force:
-        result.skipped.append(str(unit.path))
+        result.skip(unit.path, name)
         return result
     unit.path.parent.mkdir(parents=True, exist_ok=True)
     with unit_lock(unit.path):
         if finetune_is_complete(unit.path) and not force:  # finished while we waited
-            result.skipped.append(str(unit.path))
+            result.skip(unit.path, name, "finished by another run")
             return result
         remove_partials(unit.path)
-        train_and_save(plan, unit, device, replace=force)
-        result.done.append(str(unit.path))
+        with result.build(unit.path, name, "--force" if force else "no finetune.json"):
+            train_and_save(plan, unit, device, replace=force)
     return result
 
 

@@ -1,4 +1,10 @@
-"""Stage 4: join a pipeline's metrics files into the paper's tables."""
+"""Stage 4: join a pipeline's metrics files into results tables, ``results.json`` and plots.
+
+Everything lands in ``<data>/reports/<pipeline>/``: the summary table and the paper's AUPR
+table (plus the ``--metric`` one) as text, Markdown, CSV and LaTeX; ``results.json``, the long
+summary a program reads; and the figures (one file per plot kind and metric, PNG and PDF).
+Figures a run no longer draws are removed, so the folder never shows stale results.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +15,17 @@ import polars as pl
 
 from etn_cli.errors import EtnError
 from etn_cli.plan import Plan
+from etn_cli.provenance import etn_version, now
 from etn_cli.report.plots import frontier_plot, sweep_plots
-from etn_cli.report.tables import paper_table, read_metrics, render, summarize
+from etn_cli.report.render import render
+from etn_cli.report.tables import read_metrics, summarize
+from etn_cli.report.views import footnote, view
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
-PLOTS_VERSION = 2  # bump when the plots change for the same metrics
-
-TABLE_FORMATS = ("md", "csv", "tex")
+PLOTS_VERSION = 3  # 3: one frontier file per metric, colour-blind palette, legend outside
+TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
+PLOT_RECORD = "plots.json"
 
 
 def metrics_paths(plan: Plan) -> list[Path]:
@@ -26,39 +35,96 @@ def metrics_paths(plan: Plan) -> list[Path]:
     if missing:
         raise EtnError(
             f"{len(missing)} of {len(plan.metrics)} metrics files of pipeline "
-            f"{plan.pipeline.name!r} are missing (first: {missing[0]}). Run `etn evaluate "
-            f"{plan.pipeline.path}` (or `etn run`) first."
+            f"{plan.pipeline.name!r} are missing in {plan.data_dir} (first: {missing[0].name}). "
+            f"Run `etn run {plan.pipeline.path}` first (or pass the --data-dir it used)."
         )
     return [u.path for u in plan.metrics]
 
 
-def report(plan: Plan, *, fmt: str = "md", metric: str = "aupr") -> tuple[str, list[Path]]:
-    """Render the pipeline's table, keep md/csv/tex copies under ``reports/<pipeline>/`` and
-    draw the ablation plots of swept heads there (PNG and PDF). Returns the table and the plot
-    paths; plots of unchanged metrics are not redrawn."""
-    if fmt not in TABLE_FORMATS:
-        raise EtnError(f"Unknown table format {fmt!r}. Use one of: {', '.join(TABLE_FORMATS)}.")
+def table_text(summary: pl.DataFrame, fmt: str, metric: str | None) -> str:
+    """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote."""
+    if fmt == "json":
+        return results_json(summary)
+    table = view(summary, metric)
+    body = render(table, fmt)
+    if fmt in ("table", "markdown"):
+        note = footnote(table, metric)
+        return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
+    return body
+
+
+def _md_note(note: str) -> str:
+    return "\n".join(line.replace("*", r"\*", 1) for line in note.splitlines())
+
+
+def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
+    """Per method, metric, score and eval set: mean, 95% CI half-width, seeds, rows of the
+    eval set; with how it was made."""
+    rows = summary.select(
+        "pipeline", "backbone", "id_dataset", "eval_set", "task", "method", "method_label",
+        "variant", "family", "metric", "score", "mean", pl.col("ci95").alias("ci95_half_width"),
+        "n_seeds", "seeds", "note",
+    ).to_dicts()  # fmt: skip
+    record = {"etn_version": etn_version(), "created_at": now(), **(extra or {}), "results": rows}
+    return json.dumps(record, indent=1, default=str)
+
+
+def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tuple[str, list[Path]]:
+    """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
+    return the table in ``fmt`` with the paths written (unchanged plots are not redrawn)."""
     metrics = read_metrics(metrics_paths(plan))
-    table = paper_table(summarize(metrics), metric)
+    summary = summarize(metrics)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
-    for each in TABLE_FORMATS:
-        atomic_write_text(folder / f"{metric}.{each}", render(table, each))
-    return render(table, fmt), _plots(plan, metrics, folder, metric)
+    written = []
+    for name, wanted in [("summary", None), ("aupr", "aupr")] + (
+        [(metric, metric)] if metric not in (None, "aupr") else []
+    ):
+        for each, suffix in TABLE_FILES.items():
+            path = folder / f"{name}.{suffix}"
+            atomic_write_text(path, table_text(summary, each, wanted))
+            written.append(path)
+    extra = {
+        "pipeline_file": str(plan.pipeline.path),
+        "metrics_keys": [u.key for u in plan.metrics],
+    }
+    atomic_write_text(folder / "results.json", results_json(summary, extra))
+    written.append(folder / "results.json")
+    written += _plots(plan, metrics, folder, metric)
+    return table_text(summary, fmt, metric), written
 
 
-def _plots(plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str) -> list[Path]:
-    """Draw the sweep plots unless a stamp says these exact metrics files were drawn already."""
-    stamp = folder / f"plots-{metric}.json"
+def _plots(plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str | None) -> list[Path]:
+    """Draw the sweep and frontier plots unless a record says these exact metrics were drawn
+    already; remove the files of an earlier drawing that this one no longer makes."""
+    from etn_cli.report.views import RANKING
+
+    wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
+    record_path = folder / PLOT_RECORD
     key = fingerprint_key({"metrics": [u.key for u in plan.metrics], "plots": PLOTS_VERSION})
-    if stamp.is_file():
-        record = json.loads(stamp.read_text())
-        paths = [folder / name for name in record["files"]]
-        if record["key"] == key and all(p.is_file() for p in paths):
-            return paths
-    paths = sweep_plots(metrics, folder, metric) + frontier_plot(metrics, folder, metric)
-    atomic_write_text(stamp, json.dumps({"key": key, "files": [p.name for p in paths]}))
-    return paths
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    drawn = record.get("drawn", {}) if record.get("key") == key else {}
+    files: list[Path] = []
+    for name in wanted:
+        paths = [folder / f for f in drawn.get(name, [])]
+        if not paths or not all(p.is_file() for p in paths):
+            paths = sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
+        drawn[name] = [p.name for p in paths]
+        files += paths
+    keep = {f for names in drawn.values() for f in names}
+    for old in _earlier_plots(folder, record):
+        if old.name not in keep:
+            old.unlink(missing_ok=True)
+    atomic_write_text(record_path, json.dumps({"key": key, "drawn": drawn}))
+    return files
+
+
+def _earlier_plots(folder: Path, record: dict) -> list[Path]:
+    """Plot files an earlier report wrote: those in its record, and the unversioned names of
+    older etn (``frontier.png``, ``plots-<metric>.json``)."""
+    named = [folder / f for names in record.get("drawn", {}).values() for f in names]
+    legacy = [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
+    return named + legacy
 
 
 def report_folder(plan: Plan) -> Path:
@@ -66,15 +132,17 @@ def report_folder(plan: Plan) -> Path:
     return plan.data_dir / "reports" / plan.pipeline.name
 
 
-def report_files(paths: list[Path], *, fmt: str = "md", metric: str = "aupr") -> str:
+def report_files(paths: list[Path], *, fmt: str = "table", metric: str | None = None) -> str:
     """Render tables straight from metrics Parquet files (any source, one table per setting)."""
     from etn_cli.report.tables import split_by_backbone
 
     summary = summarize(read_metrics(paths))
+    if fmt == "json":
+        return results_json(summary)
     parts = split_by_backbone(summary)
     rendered = []
     for (pipeline, backbone), part in parts.items():
         title = f"{pipeline} ({backbone})"
-        body = render(paper_table(part, metric), fmt)
+        body = table_text(part, fmt, metric)
         rendered.append(body if len(parts) == 1 or fmt == "csv" else f"{title}\n\n{body}")
     return "\n\n".join(rendered)

@@ -1,8 +1,14 @@
-"""What a stage did: the units it built and the ones it found finished."""
+"""What a stage did: the units it built and the ones it found finished, reported as it goes
+(:mod:`etn_cli.progress`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from etn_cli import progress
 
 
 @dataclass
@@ -10,6 +16,18 @@ class StageResult:
     stage: str
     done: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+
+    def skip(self, path: Path, name: str, reason: str = "up to date") -> None:
+        """Record a unit found finished (named on stderr with ``-v``)."""
+        self.skipped.append(str(path))
+        progress.skipped(self.stage, name, reason)
+
+    @contextmanager
+    def build(self, path: Path, name: str, reason: str = "") -> Iterator[None]:
+        """Bracket building one unit: start and end lines, then record it as built."""
+        with progress.unit(self.stage, name, reason):
+            yield
+        self.done.append(str(path))
 
     def summary(self) -> str:
         return f"{self.stage}: {len(self.done)} built, {len(self.skipped)} up to date"

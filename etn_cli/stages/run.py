@@ -12,6 +12,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from etn_cli import progress
 from etn_cli.distributed import rank_device, torchrun_world
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
@@ -23,6 +24,17 @@ from etn_cli.stages.report import report
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import train
 from etn_cli.store.storage import explained_storage_errors
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What ``etn run`` was asked beyond the pipeline files: the table's format and metric,
+    ``--set`` overrides and the ``--only`` heads."""
+
+    fmt: str = "table"
+    metric: str | None = None
+    overrides: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
 
 
 @dataclass
@@ -39,33 +51,63 @@ class RunOutcome:
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
+    """``auto`` as ``cuda`` where a GPU is visible, else ``cpu``; any other name is checked
+    here, before any work, so a wrong one is one line instead of a traceback mid-run."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise EtnError(
+            f"Unknown device {device!r}. Use cpu, cuda, cuda:N, mps or auto (the default)."
+        ) from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise EtnError(
+                f"--device {device}: this machine has no CUDA GPU (or torch {torch.__version__} "
+                "was built without CUDA). Use --device cpu, or leave --device out (auto)."
+            )
+        if parsed.index is not None and parsed.index >= count:
+            raise EtnError(
+                f"--device {device}: this machine shows {count} CUDA GPU(s), cuda:0 to "
+                f"cuda:{count - 1}. Pick one of those."
+            )
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise EtnError(f"--device {device}: MPS is not available here. Use --device cpu.")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise EtnError(f"--device {device}: etn runs on cpu, cuda or mps, not {parsed.type}.")
+    return device
+
+
+def unit_count(plan) -> int:  # noqa: ANN001
+    """How many units ``etn run`` goes through for ``plan`` (the ``[k/N]`` of its lines)."""
+    return int(plan.finetune is not None) + len(plan.feature_units) + 2 * len(plan.heads)
 
 
 def run_pipeline(
-    path: Path, data_dir: Path, *, device: str | None = None, fmt: str = "md"
+    path: Path, data_dir: Path, *, device: str | None = None, options: RunOptions | None = None
 ) -> RunOutcome:
+    options = options or RunOptions()
     started = time.perf_counter()
-    pipeline = load_pipeline(path)
+    pipeline = load_pipeline(path, options.overrides, options.only)
     world = torchrun_world()
     with explained_storage_errors():  # a full disk or a read-only folder is one line
         plan = make_plan(pipeline, data_dir)
         dev = resolve_device(device or pipeline.device)
         dev = dev if world is None else rank_device(dev, world)
-        results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
-        results.append(extract(plan, device=dev))
-        if world is not None and not world.main:  # rank 0 alone goes on after extraction
-            message = f"{results[-1].summary()} ({world}: extraction only)"
-            return RunOutcome(path, True, time.perf_counter() - started, message)
-        results += [train(plan, device=dev), evaluate(plan, device=dev)]
-        table, plots = report(plan, fmt=fmt)
-    if plots:
-        table += "\n\nplots: " + ", ".join(str(p) for p in plots if p.suffix == ".png")
-    message = "; ".join(r.summary() for r in results)
+        with progress.counting(unit_count(plan)):
+            results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
+            results.append(extract(plan, device=dev))
+            if world is not None and not world.main:  # rank 0 alone goes on after extraction
+                message = f"{results[-1].summary()} ({world}: extraction only)"
+                return RunOutcome(path, True, time.perf_counter() - started, message)
+            results += [train(plan, device=dev), evaluate(plan, device=dev)]
+        table, written = report(plan, fmt=options.fmt, metric=options.metric)
+    folder = written[0].parent if written else None
+    message = "; ".join(r.summary() for r in results) + (f"; report: {folder}" if folder else "")
     return RunOutcome(path, True, time.perf_counter() - started, message, table)
 
 
@@ -84,14 +126,18 @@ def expand_paths(paths: list[Path]) -> list[Path]:
 
 
 def run_many(
-    paths: list[Path], data_dir: Path, *, device: str | None = None, fmt: str = "md"
+    paths: list[Path],
+    data_dir: Path,
+    *,
+    device: str | None = None,
+    options: RunOptions | None = None,
 ) -> list[RunOutcome]:
     """Run each pipeline in turn; a failing pipeline is recorded and the next one still runs."""
     outcomes = []
     for path in expand_paths(paths):
         started = time.perf_counter()
         try:
-            outcomes.append(run_pipeline(path, data_dir, device=device, fmt=fmt))
+            outcomes.append(run_pipeline(path, data_dir, device=device, options=options))
         except EtnError as err:
             outcomes.append(RunOutcome(path, False, time.perf_counter() - started, str(err)))
         except Exception as err:  # a bug in one pipeline must not stop a cron batch
@@ -99,3 +145,22 @@ def run_many(
             message = f"{type(err).__name__}: {err} (a bug; traceback above)"
             outcomes.append(RunOutcome(path, False, time.perf_counter() - started, message))
     return outcomes
+
+
+def dry_run_report(paths: list[Path], data_dir: Path, options: RunOptions) -> str:
+    """What ``etn run`` would do: every unit of every pipeline, cached or to build, and the
+    totals. Nothing is loaded, trained or written."""
+    from etn_cli.stages.status import status
+
+    parts = []
+    for path in expand_paths(paths):
+        plan = make_plan(load_pipeline(path, options.overrides, options.only), data_dir)
+        units = status(plan)
+        lines = [f"{path} (data directory {plan.data_dir}):"]
+        for u in units:
+            action = "cached  " if u.state == "done" else "would build"
+            lines.append(f"  {action:<11} {u.kind:<10} {u.name}")
+        todo = sum(u.state != "done" for u in units)
+        lines.append(f"  {len(units)} units: {len(units) - todo} cached, {todo} to build")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)

@@ -8,6 +8,7 @@ far, and whether a running process holds it), and ``missing`` otherwise. Nothing
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +50,14 @@ def status(plan: Plan) -> list[UnitStatus]:
     return units
 
 
-def render_status(plan: Plan, units: list[UnitStatus]) -> str:
-    """An aligned table, one unit per line, and a summary line."""
-    rows = [("unit", "name", "state", "detail", "path")]
-    rows += [(u.kind, u.name, u.state, u.detail, _relative(u.path, plan)) for u in units]
+def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> str:
+    """The units as an aligned table with a summary line (``table``), or as ``markdown``,
+    ``csv``, ``json`` or ``latex`` rows for a program or a document."""
+    header = ("unit", "name", "state", "detail", "path")
+    rows = [(u.kind, u.name, u.state, u.detail, _relative(u.path, plan)) for u in units]
+    if fmt != "table":
+        return _status_rows(header, rows, fmt)
+    rows = [header, *rows]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[4]])
              for row in rows]  # fmt: skip
@@ -62,7 +67,26 @@ def render_status(plan: Plan, units: list[UnitStatus]) -> str:
     )
     if counts["partial"] or counts["missing"]:
         summary += f"; `etn run {_shown(plan.pipeline.path)}` builds the rest"
+    if not plan.data_dir.is_dir():
+        summary += f" (no data directory at {plan.data_dir} yet)"
     return "\n".join([*lines, summary])
+
+
+def _status_rows(header: tuple[str, ...], rows: list[tuple[str, ...]], fmt: str) -> str:
+    import polars as pl
+
+    frame = pl.DataFrame(rows, schema=list(header), orient="row")
+    if fmt == "json":
+        return json.dumps(frame.to_dicts(), indent=1)
+    if fmt == "csv":
+        return frame.write_csv()
+    if fmt == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+    escape = str.maketrans({c: "\\" + c for c in "_&%#"})
+    lines = [r"\begin{tabular}{lllll}", r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
+    lines += [" & ".join(c.translate(escape) for c in row) + r" \\" for row in rows]
+    return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"]) + "\n"
 
 
 def _features(name: str, path: Path, plan: Plan) -> UnitStatus:

@@ -38,7 +38,9 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
     """Fit every missing head unit; finished heads are left untouched unless ``force``."""
     result = StageResult("train")
     todo = [u for u in plan.heads if force or not head_is_complete(u.path)]
-    result.skipped += [str(u.path) for u in plan.heads if u not in todo]
+    for u in plan.heads:
+        if u not in todo:
+            result.skip(u.path, unit_name(u))
     if not todo:
         return result
     check_plan_features(plan)
@@ -48,12 +50,18 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
             ensure_writable(unit.path.parent)
             with unit_lock(unit.path):
                 if head_is_complete(unit.path) and not force:  # finished while we waited
-                    result.skipped.append(str(unit.path))
+                    result.skip(unit.path, unit_name(unit), "finished by another run")
                     continue
                 remove_partials(unit.path)  # left by a killed run; we hold the lock
-                fit_and_save(plan, unit, reader(), device, replace=force)
-                result.done.append(str(unit.path))
+                reason = "--force" if force else "no finished head with this key"
+                with result.build(unit.path, unit_name(unit), reason):
+                    fit_and_save(plan, unit, reader(), device, replace=force)
     return result
+
+
+def unit_name(unit: HeadUnit) -> str:
+    """How a head unit is named in progress lines: ``ETN seed 0``."""
+    return f"{unit.label} seed {unit.seed}"
 
 
 def _adaptation_features(plan: Plan) -> Features:

@@ -1,0 +1,123 @@
+"""Options shared by the ``etn`` commands, the entry point's error handling and the choices
+a person types (formats, metrics, listings), each checked with a "did you mean".
+
+Kept apart from :mod:`etn_cli.cli` so the commands read as a list of what etn does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from etn_cli.errors import EtnError
+
+DATA_DIR_ENV = "ETN_DATA_DIR"
+
+
+class UsageError(EtnError):
+    """A mistyped choice or option value: one line and exit status 2, like click's own."""
+
+
+def default_data_dir() -> Path:
+    """``$ETN_DATA_DIR``, else ``$XDG_CACHE_HOME/etn``, else ``~/.cache/etn``: one cache per
+    user, whatever the current directory (a cron job finds the same features)."""
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache).expanduser() / "etn"
+
+
+def choose(value: str, allowed: tuple[str, ...], what: str, aliases: dict | None = None) -> str:
+    """``value`` if it is one of ``allowed`` (or an alias of one); otherwise a one-line usage
+    error naming the nearest choice and all of them."""
+    value = (aliases or {}).get(value, value)
+    if value in allowed:
+        return value
+    close = difflib.get_close_matches(value, [*allowed, *(aliases or {})], n=1, cutoff=0.5)
+    hint = f" Did you mean {(aliases or {}).get(close[0], close[0])!r}?" if close else ""
+    raise UsageError(f"Unknown {what} {value!r}.{hint} Choose one of: {', '.join(allowed)}.")
+
+
+FORMATS = ("table", "markdown", "csv", "json", "latex")
+FORMAT_ALIASES = {"md": "markdown", "tex": "latex", "text": "table"}
+
+
+def check_format(value: str) -> str:
+    return choose(value, FORMATS, "format", FORMAT_ALIASES)
+
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        "-d",
+        help=f"Where features, heads, metrics and reports live (env {DATA_DIR_ENV}; "
+        "default ~/.cache/etn).",
+        show_default=False,
+    ),
+]
+Device = Annotated[
+    str | None,
+    typer.Option(help="cpu, cuda, cuda:1 … (default: the pipeline's `device`, else auto)."),
+]
+PipelineArg = Annotated[Path, typer.Argument(help="A pipeline file, e.g. pipelines/digits.toml.")]
+Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new copy swapped in).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the results.")]
+Verbose = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Also say why each unit runs or is skipped.")
+]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="KEY=VALUE, repeatable: override the pipeline file, e.g. heads.etn.epochs=5, "
+        "seeds=[0], data.batch_size=128.",
+        show_default=False,
+    ),
+]
+Only = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated head names or labels to keep, e.g. etn,map."),
+]
+FormatOption = Annotated[
+    str,
+    typer.Option(
+        "--format", "-f", help="table (terminal), markdown, csv, json or latex (md/tex too)."
+    ),
+]
+
+
+def resolve_data_dir(data_dir: Path | None) -> Path:
+    """The data directory a command uses: ``--data-dir``, else :func:`default_data_dir`."""
+    path = (data_dir or default_data_dir()).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"The data directory {path} is a file, not a folder. Pass --data-dir with a folder "
+            f"(or set {DATA_DIR_ENV})."
+        )
+    return path
+
+
+def only_heads(only: str | None) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in (only or "").split(",") if n.strip())
+    if only is not None and not names:
+        raise UsageError("--only expects head names separated by commas, e.g. --only etn,map.")
+    return names
+
+
+def one_line(err: Exception) -> str:
+    """A usage error of typer's click as one line: its message and where to find help."""
+    message = " ".join(err.format_message().split())  # type: ignore[attr-defined]
+    ctx = getattr(err, "ctx", None)
+    command = ctx.command_path if ctx is not None else "etn"
+    return f"error: {message} (see `{command} -h`)"
+
+
+def fail(message: str, code: int) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)

@@ -1,0 +1,112 @@
+"""What a run tells the person (or the log) watching it, on stderr.
+
+On a terminal: a ``[k/N]`` counter over the units of a run and tqdm bars for long loops
+(extraction batches, training epochs). Off a terminal (cron, CI, ``| tee``): no bars, one plain
+line when a unit starts and one when it ends, with its time, so a log shows what ran and what
+failed. ``-q`` keeps only errors (and the final table on stdout); ``-v`` adds a line for every
+unit found up to date and the reason each unit is built.
+
+Stages call :func:`unit` around each unit they build and :func:`skipped` for each one they
+keep; :func:`begin` sets the total of a run (``etn run`` counts every stage's units).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+QUIET, NORMAL, VERBOSE = -1, 0, 1
+
+
+@dataclass
+class _State:
+    verbosity: int = NORMAL
+    total: int = 0  # units of the current run; 0 = not counting
+    index: int = 0
+    nested: bool = False  # a run counts; the stages inside it must not restart the counter
+
+
+_state = _State()
+
+
+def configure(*, quiet: bool = False, verbose: bool = False) -> None:
+    """Set the verbosity for this process (``-q`` wins over ``-v``)."""
+    _state.verbosity = QUIET if quiet else VERBOSE if verbose else NORMAL
+
+
+def verbosity() -> int:
+    return _state.verbosity
+
+
+def on_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+@contextmanager
+def counting(total: int) -> Iterator[None]:
+    """Number the next ``total`` units ``[1/total]`` … (nested calls keep the outer count)."""
+    if _state.nested:
+        yield
+        return
+    _state.total, _state.index, _state.nested = total, 0, True
+    try:
+        yield
+    finally:
+        _state.total, _state.index, _state.nested = 0, 0, False
+
+
+def say(message: str) -> None:
+    """A line for a person at normal verbosity (stderr: stdout stays the results)."""
+    if _state.verbosity >= NORMAL:
+        print(message, file=sys.stderr, flush=True)
+
+
+def detail(message: str) -> None:
+    """A line shown only with ``-v``."""
+    if _state.verbosity >= VERBOSE:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _counter() -> str:
+    _state.index += 1
+    if not _state.total:
+        return ""
+    width = len(str(_state.total))
+    return f"[{_state.index:>{width}}/{_state.total}] "
+
+
+def skipped(stage: str, name: str, reason: str = "up to date") -> None:
+    """Count a unit found finished; named only with ``-v``."""
+    detail(f"{_counter()}{stage:<8} {name}: skipped, {reason}")
+
+
+@contextmanager
+def unit(stage: str, name: str, reason: str = "") -> Iterator[None]:
+    """Bracket the building of one unit with a start and an end line (``FAILED`` on error)."""
+    prefix = f"{_counter()}{stage:<8} {name}"
+    why = f" ({reason})" if reason and _state.verbosity >= VERBOSE else ""
+    say(f"{prefix}: started{why}")
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException as err:
+        seconds = time.perf_counter() - started
+        if _state.verbosity >= QUIET:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            print(f"{prefix}: FAILED after {seconds:.1f} s: {first}", file=sys.stderr, flush=True)
+        raise
+    say(f"{prefix}: done in {time.perf_counter() - started:.1f} s")
+
+
+def bar(iterable: Iterable[T], desc: str, total: int | None = None, **options: Any) -> Iterable[T]:
+    """A tqdm bar on a terminal at normal verbosity; the bare iterable otherwise."""
+    if not on_terminal() or _state.verbosity < NORMAL:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, leave=False, **options)

@@ -1,0 +1,215 @@
+"""Render a results table (:func:`etn_cli.report.tables.build_table`) as text for a terminal,
+Markdown, CSV or LaTeX (booktabs, the paper's bold best and underlined second).
+
+Cells show ``mean ± half-width`` where the value has two or more seeds and the mean alone
+otherwise; methods are grouped by family, one section per family.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+import polars as pl
+
+from etn_cli.errors import EtnError
+from etn_cli.report.tables import RUNTIME
+
+LOWER_IS_BETTER = {"fpr95", "fpr95_id", "ece", "nll", "brier", RUNTIME}
+RENDER_FORMATS = ("table", "markdown", "csv", "latex")
+ALIASES = {"md": "markdown", "tex": "latex"}
+MISSING = "–"
+FAMILY_NAMES = {
+    "evidential": "evidential",
+    "bayesian": "Bayesian",
+    "deterministic": "deterministic (single pass)",
+    "posthoc": "post-hoc scorers",
+}
+DECIMALS = {"table": 1, "markdown": 2, "latex": 2}
+NON_PERCENT_DECIMALS = 3  # nll, brier
+
+
+def cell_columns(table: pl.DataFrame) -> list[str]:
+    """Names of the struct (mean, ci95, metric, n_seeds) columns of a results table."""
+    return [name for name, dtype in table.schema.items() if isinstance(dtype, pl.Struct)]
+
+
+def _decimals(metric: str | None, style: str) -> int:
+    from etn_cli.report.tables import PERCENT_METRICS
+
+    if metric == RUNTIME:
+        return 2  # ms per sample: 1.02
+    return DECIMALS[style] if metric in PERCENT_METRICS else NON_PERCENT_DECIMALS
+
+
+def _ranks(cells: list[dict | None], digits: int = 2) -> list[int]:
+    """Per cell: 1 if best, 2 if second best (by the shown value), else 0.
+
+    Best is the highest value, or the lowest for fpr95, ece, nll, brier and runtime. Needs 2+
+    values.
+    """
+    metrics = [cell["metric"] for cell in cells if cell and cell["metric"]]
+    sign = -1.0 if metrics and metrics[0] in LOWER_IS_BETTER else 1.0
+    shown = [
+        None if not cell or cell["mean"] is None else round(cell["mean"], digits) for cell in cells
+    ]
+    distinct = sorted({sign * v for v in shown if v is not None}, reverse=True)
+    if sum(v is not None for v in shown) < 2:
+        return [0] * len(cells)
+    places = {value: place for place, value in enumerate(distinct[:2], start=1)}
+    return [0 if v is None else places.get(sign * v, 0) for v in shown]
+
+
+MARKS = {
+    "markdown": ("**{}**", "{}", "{} ± {}", MISSING),
+    "latex": (r"\textbf{{{}}}", r"\underline{{{}}}", r"{} $\pm$ {}", "--"),
+    "table": ("{}*", "{}", "{}±{}", MISSING),
+}
+
+
+def _cell_text(cell: dict | None, rank: int, style: str) -> str:
+    best, second, with_ci, missing = MARKS[style]
+    if not cell or cell["mean"] is None:
+        return missing
+    digits = _decimals(cell["metric"], style)
+    mean = f"{cell['mean']:.{digits}f}"
+    with_seeds = (cell.get("n_seeds") or 0) >= 2
+    if style == "table":  # the marker follows the whole cell so the numbers stay aligned
+        text = with_ci.format(mean, f"{cell['ci95']:.{digits}f}") if with_seeds else mean
+        return best.format(text) if rank == 1 else text
+    marked = best.format(mean) if rank == 1 else second.format(mean) if rank == 2 else mean
+    return with_ci.format(marked, f"{cell['ci95']:.{digits}f}") if with_seeds else marked
+
+
+def formatted(table: pl.DataFrame, style: str) -> list[list[str]]:
+    """Rows of text cells (method label first), best (and second) per column marked."""
+    columns = [[_escape(label, style) for label in table["Method"].to_list()]]
+    for name in cell_columns(table):
+        cells = table[name].to_list()
+        digits = _decimals(next((c["metric"] for c in cells if c), None), style)
+        ranks = _ranks(cells, digits)
+        columns.append([_cell_text(c, r, style) for c, r in zip(cells, ranks, strict=True)])
+    return [list(row) for row in zip(*columns, strict=True)]
+
+
+def _escape(text: str, style: str) -> str:
+    """Escape LaTeX specials (``_ & % #``) and write arrows as ``$\\to$`` for ``latex``."""
+    if style != "latex":
+        return text
+    for char in "_&%#":
+        text = text.replace(char, "\\" + char)
+    return text.replace("→", r"$\to$")
+
+
+def _families(table: pl.DataFrame) -> list[tuple[str, list[int]]]:
+    """(family, row indices) in table order; one group when the table has no families."""
+    families = table["Family"].to_list() if "Family" in table.columns else [""] * table.height
+    out, index = [], 0
+    for family, members in groupby(families):
+        size = len(list(members))
+        out.append((family or "", list(range(index, index + size))))
+        index += size
+    return out
+
+
+def _render_md(table: pl.DataFrame) -> str:
+    """Markdown: ``mean ± ci`` cells, best per column in bold, a row per family heading."""
+    header = ["Method", *cell_columns(table)]
+    rows = formatted(table, "markdown")
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    sections = _families(table)
+    for family, members in sections:
+        if len(sections) > 1:
+            lines.append(f"| *{FAMILY_NAMES.get(family, family)}* |" + " |" * (len(header) - 1))
+        lines += ["| " + " | ".join(rows[i]) + " |" for i in members]
+    return "\n".join(lines) + "\n"
+
+
+def _render_tex(table: pl.DataFrame) -> str:
+    """booktabs LaTeX table grouped like the paper: one multicolumn per eval set."""
+    names = cell_columns(table)
+    spans, rules, start = [], [], 2
+    for group, members in groupby(names, key=lambda name: name.rsplit(" ", 1)[0]):
+        width = len(list(members))
+        spans.append(rf"\multicolumn{{{width}}}{{c}}{{{_escape(group, 'latex')}}}")
+        rules.append(rf"\cmidrule(lr){{{start}-{start + width - 1}}}")
+        start += width
+    subheads = [_escape(name.rsplit(" ", 1)[-1], "latex") for name in names]
+    lines = [rf"\begin{{tabular}}{{l{'c' * len(names)}}}", r"\toprule"]
+    lines += ["Method & " + " & ".join(spans) + r" \\", " ".join(rules)]
+    lines += [" & " + " & ".join(subheads) + r" \\"]
+    rows = formatted(table, "latex")
+    sections = _families(table)
+    for family, members in sections:
+        lines.append(r"\midrule")
+        if len(sections) > 1:
+            title = FAMILY_NAMES.get(family, family)
+            lines.append(rf"\multicolumn{{{len(names) + 1}}}{{l}}{{\textit{{{title}}}}} \\")
+        lines += [" & ".join(rows[i]) + r" \\" for i in members]
+    return "\n".join([*lines, r"\bottomrule", r"\end{tabular}"]) + "\n"
+
+
+def _render_csv(table: pl.DataFrame) -> str:
+    """CSV: ``Method``, then ``<cell> mean`` and ``<cell> ci95`` per cell, then ``Family``."""
+    fields = [
+        pl.col(name).struct.field(part).alias(f"{name} {part}")
+        for name in cell_columns(table)
+        for part in ("mean", "ci95")
+    ]
+    family = ["Family"] if "Family" in table.columns else []
+    return table.select("Method", *fields, *family).write_csv()
+
+
+def _render_text(table: pl.DataFrame) -> str:
+    """Aligned plain text for a terminal or a log: a group header line (eval set) over the
+    column names, one section per family, best per column marked ``*``."""
+    from etn_cli.report.views import METHOD_WIDTH
+
+    names = cell_columns(table)
+    rows = formatted(table, "table")
+    label_width = min(max([len("Method"), *(len(r[0]) for r in rows)]), METHOD_WIDTH)
+    widths = [
+        max(len(name.rsplit(" ", 1)[-1]), *(len(r[i + 1].rstrip("*")) for r in rows)) + 1
+        for i, name in enumerate(names)
+    ]
+    groups = [name.rsplit(" ", 1)[0] for name in names]
+    top = " " * label_width
+    for group, members in groupby(zip(groups, widths, strict=True), key=lambda g: g[0]):
+        span = sum(w + 1 for _, w in members)
+        top += " " + _fit(group, span - 1).center(span - 1)
+    lines = [top.rstrip()]
+    lines.append(
+        "Method".ljust(label_width)
+        + "".join(" " + n.rsplit(" ", 1)[-1].rjust(w) for n, w in zip(names, widths, strict=True))
+    )
+    rule = "─" * len(lines[-1])
+    sections = _families(table)
+    for family, members in sections:
+        heading = f"── {FAMILY_NAMES.get(family, family)} "
+        lines.append(rule if len(sections) == 1 else _fit(heading, len(rule)).ljust(len(rule), "─"))
+        for i in members:
+            label = _fit(rows[i][0], label_width).ljust(label_width)
+            cells = "".join(
+                " " + (c if c.endswith("*") else c + " ").rjust(w)
+                for c, w in zip(rows[i][1:], widths, strict=True)
+            )
+            lines.append((label + cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def render(table: pl.DataFrame, fmt: str) -> str:
+    """Render a results table as ``table`` (terminal text), ``markdown``, ``csv`` or ``latex``
+    (``md`` and ``tex`` are accepted too)."""
+    renderers = {
+        "table": _render_text,
+        "markdown": _render_md,
+        "csv": _render_csv,
+        "latex": _render_tex,
+    }
+    fmt = ALIASES.get(fmt, fmt)
+    if fmt not in renderers:
+        raise EtnError(f"Unknown table format '{fmt}'. Use one of: {', '.join(RENDER_FORMATS)}.")
+    return renderers[fmt](table)

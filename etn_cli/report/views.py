@@ -1,0 +1,175 @@
+"""Which results a table shows: the summary a person reads first, or one metric in full.
+
+* :func:`summary_view` (the default): one row per method, grouped by family; ID accuracy and
+  ECE; per OOD set AUROC and FPR@95 (the headline metrics of OpenOOD and most papers) with each
+  method's own OOD score; and the paper's AUPR of max probability averaged over the OOD sets.
+  When the per-set columns would pass 100 characters, they collapse into the OOD mean.
+* :func:`metric_view`: one metric across every score (``--metric aupr`` is the paper's table);
+  ``acc``, ``ece``, ``nll`` and ``brier`` give the calibration table, ``runtime`` the time per
+  sample.
+
+Both return a :func:`etn_cli.report.tables.paper_table`-shaped frame (``Method``, ``Family``,
+then one struct column ``mean, ci95, metric, n_seeds`` per cell, named ``"<group> <column>"``),
+so every renderer serves both.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from etn_cli.report.tables import (
+    METHOD,
+    PERCENT_METRICS,
+    RUNTIME,
+    build_table,
+    paper_table,
+)
+
+STANDARD_SCORES = ("mp", "um", "mi", "de")
+RANKING = ("aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id")
+CALIBRATION = ("acc", "ece", "nll", "brier")
+METRICS = (*RANKING, *CALIBRATION, "runtime")
+MAX_WIDTH = 100
+METHOD_WIDTH = 30  # longer labels are cut with "…" in the terminal table
+
+
+def check_metric(metric: str | None) -> str | None:
+    """``None`` (the summary) or a metric name the evaluation writes; else a usage error."""
+    if metric is None:
+        return None
+    from etn_cli.cli_options import choose
+
+    return choose(metric.lower(), METRICS, "metric", {"runtime_ms": "runtime", "fpr": "fpr95"})
+
+
+def own_scores(summary: pl.DataFrame) -> dict[tuple, str]:
+    """Per method key, the OOD score its headline columns use: the method's own detector
+    score when it has exactly one (``md``, ``energy``, ``kernel``, …), else max probability."""
+    rows = summary.filter(pl.col("task") == "ood").select(*METHOD, "score").unique()
+    scores: dict[tuple, set[str]] = {}
+    for *key, score in rows.iter_rows():
+        if score is not None:
+            scores.setdefault(tuple(key), set()).add(score)
+    chosen = {}
+    for key, names in scores.items():
+        own = sorted(names - set(STANDARD_SCORES))
+        chosen[key] = own[0] if len(own) == 1 else "mp" if "mp" in names else sorted(names)[0]
+    return chosen
+
+
+def _ood_columns(summary: pl.DataFrame, id_dataset: str) -> tuple[list[str], str | None]:
+    """The OOD sets in order of first appearance, and the name of their average (if any)."""
+    sets = (
+        summary.filter((pl.col("task") == "ood") & (pl.col("id_dataset") == id_dataset))["eval_set"]
+        .unique(maintain_order=True)
+        .to_list()
+    )
+    average = f"{id_dataset}-OOD"
+    return [s for s in sets if s != average], average if average in sets else None
+
+
+def summary_view(summary: pl.DataFrame, max_width: int = MAX_WIDTH) -> pl.DataFrame:
+    """The default results table (see the module docstring)."""
+    id_dataset = summary["id_dataset"][0]
+    sets, average = _ood_columns(summary, id_dataset)
+    own = own_scores(summary)
+    score_of = pl.struct(METHOD).map_elements(
+        lambda k: own.get(tuple(k[c] for c in METHOD), "mp"), return_dtype=pl.String
+    )
+    scored = summary.with_columns(score_of.alias("_own"))
+    is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
+    specs = [
+        (f"{id_dataset} ACC", is_id & (pl.col("metric") == "acc"), "acc"),
+        (f"{id_dataset} ECE", is_id & (pl.col("metric") == "ece"), "ece"),
+    ]
+
+    def per_set(eval_set: str, group: str) -> list:
+        on_set = (pl.col("task") == "ood") & (pl.col("eval_set") == eval_set)
+        with_own = on_set & (pl.col("score") == pl.col("_own"))
+        return [
+            (f"{group} AUROC", with_own & (pl.col("metric") == "auroc"), "auroc"),
+            (f"{group} FPR95", with_own & (pl.col("metric") == "fpr95"), "fpr95"),
+        ]
+
+    mean_set = average or (sets[0] if len(sets) == 1 else None)
+    aupr = []
+    if mean_set is not None:
+        keep = (
+            (pl.col("task") == "ood")
+            & (pl.col("eval_set") == mean_set)
+            & (pl.col("metric") == "aupr")
+            & (pl.col("score") == "mp")
+        )
+        aupr = [("OOD mean AUPR(MP)" if average else f"{mean_set} AUPR(MP)", keep, "aupr")]
+    labels = _labels_with_scores(summary, own)
+    table = build_table(scored, specs + [s for e in sets for s in per_set(e, e)] + aupr, labels)
+    if average is not None and _text_width(table) > max_width:
+        table = build_table(scored, specs + per_set(average, "OOD mean") + aupr, labels)
+    return table
+
+
+def _text_width(table: pl.DataFrame) -> int:
+    """The widest line of ``table`` rendered for a terminal."""
+    from etn_cli.report.render import render
+
+    return max(len(line) for line in render(table, "table").splitlines())
+
+
+def _labels_with_scores(summary: pl.DataFrame, own: dict[tuple, str]) -> dict[tuple, str]:
+    """Row labels; a method whose headline score is not MP names it: ``Mahalanobis [md]``."""
+    from etn_cli.report.tables import row_labels
+
+    labels = row_labels(summary)
+    return {
+        key: label if own.get(key, "mp") == "mp" else f"{label} [{own[key]}]"
+        for key, label in labels.items()
+    }
+
+
+def metric_view(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
+    """One metric in full: the paper's layout for a ranking metric, else the calibration
+    table (``acc``, ``ece``, ``nll``, ``brier``) or the runtime per sample."""
+    if metric in RANKING:
+        return paper_table(summary, metric)
+    id_dataset = summary["id_dataset"][0]
+    is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
+    if metric == "runtime":
+        specs = [("Runtime ms", pl.col("metric") == RUNTIME, RUNTIME)]
+    else:
+        specs = [
+            (f"{id_dataset} {name.upper()}", is_id & (pl.col("metric") == name), name)
+            for name in CALIBRATION
+        ]
+    return build_table(summary, specs)
+
+
+def view(summary: pl.DataFrame, metric: str | None) -> pl.DataFrame:
+    return summary_view(summary) if metric is None else metric_view(summary, metric)
+
+
+def footnote(table: pl.DataFrame, metric: str | None) -> str:
+    """What a reader needs under the table: seeds and CI, units, direction, scores."""
+    seeds = table.select(
+        pl.concat_list(
+            pl.col(c).struct.field("n_seeds") for c in table.columns if c not in META_COLUMNS
+        )
+        .list.max()
+        .max()
+    ).item()
+    lines = []
+    if seeds and seeds >= 2:
+        lines.append(f"mean ± half-width of the 95% CI over {seeds} seeds; * best per column.")
+    else:
+        lines.append("one seed (no confidence interval); * best per column.")
+    shown = {c.rsplit(" ", 1)[-1] for c in table.columns if c not in META_COLUMNS}
+    percent = sorted(m for m in PERCENT_METRICS | {"ece"} if m.upper() in shown or m == "acc")
+    if metric is None:
+        lines.append("In %. ACC and ECE on the ID test set. AUROC and FPR95 (OpenOOD's: ID")
+        lines.append("rejected at 95% OOD recall; lower is better) rank by each method's own OOD")
+        lines.append("score [in brackets], else by max probability (MP). AUPR(MP): the paper's.")
+    elif percent:
+        lines.append("ACC, AUPR, AUROC, FPR95 and ECE in %; lower is better for FPR95 and ECE.")
+    return "\n".join(lines)
+
+
+META_COLUMNS = ("Method", "Family")
