@@ -65,12 +65,17 @@ def _main_options(
     pretrained classifier, from cached features. Typical use: `etn run pipelines/digits.toml`."""
 
 
-def _plan(pipeline: Path, data_dir: Path | None, overrides=None, only=None):  # noqa: ANN001, ANN202
+def _plan(pipeline: Path, data_dir: Path | None, overrides=None, only=None, read_only=False):  # noqa: ANN001, ANN202
+    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything."""
+    from etn_cli.backbones.base import read_only as building_nothing
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
-    return make_plan(loaded, resolve_data_dir(data_dir))
+    if not read_only:
+        return make_plan(loaded, resolve_data_dir(data_dir))
+    with building_nothing():
+        return make_plan(loaded, resolve_data_dir(data_dir))
 
 
 def _device(plan, device: str | None) -> str:  # noqa: ANN001
@@ -121,7 +126,6 @@ def run(
     if dry_run:
         typer.echo(dry_run_report(pipelines, data, options))
         return
-    progress.say(f"etn: data directory {data.resolve()}")
     outcomes = run_many(pipelines, data, device=device, options=options)
     if not is_main_process():
         raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
@@ -294,7 +298,7 @@ def report(
     tables, written = [], []
     for source in sources:
         if source.suffix != ".parquet":
-            plan = _plan(source, data_dir, overrides, only)
+            plan = _plan(source, data_dir, overrides, only, read_only=True)
             table, files = run_report(plan, fmt=fmt, metric=metric)
             tables.append(table)
             written += files
@@ -365,7 +369,7 @@ def status(
 
     refuse_under_torchrun("status")
     fmt = check_format(format)
-    plan = _plan(pipeline, data_dir, overrides, only)
+    plan = _plan(pipeline, data_dir, overrides, only, read_only=True)
     typer.echo(render_status(plan, unit_status(plan), fmt))
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from etn_cli.errors import EtnError
@@ -32,7 +34,43 @@ def build_config(cls: type[C], values: dict[str, Any], where: str) -> C:
     coerced = {
         key: coerce(value, hints[key], f"{where} key {key!r}") for key, value in values.items()
     }
+    for key, value in coerced.items():
+        check_range(key, value, where)
     return cls(**coerced)
+
+
+def _positive(v: Any) -> bool:
+    return v > 0 and math.isfinite(v)
+
+
+# Settings whose range is the same wherever they appear (heads, backbones, [data], [finetune]):
+# checked before any work, so a bad value is one line instead of an untrained head or a
+# traceback halfway through a run.
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "epochs": (lambda v: v >= 1, "an integer >= 1"),
+    "lr": (_positive, "a finite number > 0"),
+    "batch_size": (lambda v: v >= 1, "an integer >= 1"),
+    "mc_samples": (lambda v: v >= 1, "an integer >= 1"),
+    "members": (lambda v: v >= 1, "an integer >= 1"),
+    "passes": (lambda v: v >= 1, "an integer >= 1"),
+    "prior_mode": (_positive, "a finite number > 0"),
+    "prior_variance": (_positive, "a finite number > 0"),
+    "temperature": (_positive, "a finite number > 0"),
+    "kl_weight": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
+    "weight_decay": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
+    "p": (lambda v: 0 <= v < 1, "a probability in [0, 1)"),
+    "seed": (lambda v: v >= 0, "an integer >= 0"),
+}
+
+
+def check_range(key: str, value: Any, where: str) -> None:
+    """One line naming the key, the value, the allowed range and the place, if out of range."""
+    rule = RANGES.get(key)
+    if rule is None or value is None or isinstance(value, bool | str | tuple | list):
+        return
+    ok, expected = rule
+    if not ok(value):
+        raise EtnError(f"{where} key {key!r} must be {expected}, got {value!r}. Fix the value.")
 
 
 def coerce(value: Any, hint: Any, where: str) -> Any:

@@ -261,10 +261,11 @@ def _seeds(value: Any, path: Path) -> tuple[int, ...]:
     if (
         not isinstance(value, list)
         or not value
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+        or len(set(value)) < len(value)
     ):
         raise EtnError(
-            f"{path}: seeds must be a non-empty list of integers, got {value!r}. "
+            f"{path}: seeds must be a non-empty list of distinct integers >= 0, got {value!r}. "
             "Write e.g. seeds = [0, 1, 2]."
         )
     return tuple(value)

@@ -144,7 +144,10 @@ def _check_names(pipeline: Pipeline) -> None:
     from etn_cli.heads import heads
 
     for spec in pipeline.heads:
-        heads.get(spec.name)(**spec.settings)
+        try:
+            heads.get(spec.name)(**spec.settings)
+        except EtnError as err:
+            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {err}") from None
     data = pipeline.data
     if data is not None:
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:

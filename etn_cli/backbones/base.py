@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,6 +24,9 @@ class Backbone:
 
     name: ClassVar[str]
     Config: ClassVar[type]
+    # False inside :func:`read_only`: a backbone must not build what it caches (the digits
+    # CNN's weights) and fingerprints itself as "not built" instead.
+    building: ClassVar[bool] = True
 
     def __init__(self, config: Any, cache_dir: Path, device: str = "cpu") -> None:
         self.config = config
@@ -94,3 +98,14 @@ class Backbone:
 
 
 backbones: Registry[type[Backbone]] = Registry("backbone")
+
+
+@contextmanager
+def read_only() -> Iterator[None]:
+    """Plan without building: read-only commands (status, report, dry runs) never train or
+    write a backbone's cache."""
+    previous, Backbone.building = Backbone.building, False
+    try:
+        yield
+    finally:
+        Backbone.building = previous

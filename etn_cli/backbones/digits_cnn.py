@@ -248,6 +248,9 @@ class DigitsCNNBackbone(Backbone):
         train_fingerprint = Digits().split_fingerprint("train")  # no data loaded
         folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train_fingerprint)}"
         weights = folder / WEIGHTS_FILE
+        if not weights.is_file() and not self.building:  # read-only: nothing is built yet
+            self.weights_sha256 = "not built"
+            return folder
         if not weights.is_file():
             folder.parent.mkdir(parents=True, exist_ok=True)
             with unit_lock(folder):  # overlapping runs train it once; the other one waits

@@ -88,7 +88,7 @@ def _ood_average(df: pl.DataFrame) -> pl.DataFrame:
 RUNTIME = "runtime_ms"  # pseudo-metric: inference time per sample (backbone + head), ms
 
 
-def _runtime_rows(df: pl.DataFrame) -> pl.DataFrame:
+def runtime_rows(df: pl.DataFrame) -> pl.DataFrame:
     """Per head and seed, the inference time of one sample in ms, as metric ``runtime_ms``.
 
     ``backbone_passes * backbone_s_per_sample`` (the backbone's forward time measured at
@@ -134,7 +134,7 @@ def summarize(df: pl.DataFrame) -> pl.DataFrame:
     and keeps the first note saying why.
     """
     long = df.select(pl.col(name).cast(dtype) for name, dtype in COLUMN_TYPES.items())
-    runtime = _runtime_rows(df).select(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items())
+    runtime = runtime_rows(df).select(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items())
     long = pl.concat([long, _ood_average(long), runtime], how="vertical_relaxed")
     summary = long.group_by(SEED_KEYS, maintain_order=True).agg(
         pl.col("value").mean().alias("mean"),

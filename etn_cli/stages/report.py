@@ -23,9 +23,10 @@ from etn_cli.report.views import footnote, view
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
-PLOTS_VERSION = 3  # 3: one frontier file per metric, colour-blind palette, legend outside
+PLOTS_VERSION = 4  # 3: one frontier file per metric, colour-blind palette, legend outside
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"
+REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
 
 
 def metrics_paths(plan: Plan) -> list[Path]:
@@ -90,19 +91,28 @@ def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tupl
     }
     atomic_write_text(folder / "results.json", results_json(summary, extra))
     written.append(folder / "results.json")
-    written += _plots(plan, metrics, folder, metric)
+    record_path = folder / PLOT_RECORD
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    plots, drawn, key = _plots(plan, metrics, folder, metric, record)
+    written += plots
+    names = {p.name for p in written}
+    for old in _earlier_files(folder, record):  # a table or plot this report no longer makes
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+    files = sorted(names)
+    atomic_write_text(record_path, json.dumps({"key": key, "drawn": drawn, "files": files}))
     return table_text(summary, fmt, metric), written
 
 
-def _plots(plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str | None) -> list[Path]:
-    """Draw the sweep and frontier plots unless a record says these exact metrics were drawn
-    already; remove the files of an earlier drawing that this one no longer makes."""
+def _plots(
+    plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str | None, record: dict
+) -> tuple[list[Path], dict, str]:
+    """Draw the sweep and frontier plots unless ``record`` says these exact metrics were
+    drawn already; returns the paths, what was drawn per metric, and the metrics' key."""
     from etn_cli.report.views import RANKING
 
     wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
-    record_path = folder / PLOT_RECORD
     key = fingerprint_key({"metrics": [u.key for u in plan.metrics], "plots": PLOTS_VERSION})
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     drawn = record.get("drawn", {}) if record.get("key") == key else {}
     files: list[Path] = []
     for name in wanted:
@@ -111,19 +121,16 @@ def _plots(plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str | None) 
             paths = sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
         drawn[name] = [p.name for p in paths]
         files += paths
-    keep = {f for names in drawn.values() for f in names}
-    for old in _earlier_plots(folder, record):
-        if old.name not in keep:
-            old.unlink(missing_ok=True)
-    atomic_write_text(record_path, json.dumps({"key": key, "drawn": drawn}))
-    return files
+    return files, {name: drawn[name] for name in wanted}, key
 
 
-def _earlier_plots(folder: Path, record: dict) -> list[Path]:
-    """Plot files an earlier report wrote: those in its record, and the unversioned names of
-    older etn (``frontier.png``, ``plots-<metric>.json``)."""
-    named = [folder / f for names in record.get("drawn", {}).values() for f in names]
+def _earlier_files(folder: Path, record: dict) -> list[Path]:
+    """Files an earlier report wrote: those in its record, and the unversioned names of
+    older etn (``frontier.png``, ``plots-<metric>.json``, ``<metric>.md`` …)."""
+    named = [folder / f for f in record.get("files", [])]
     legacy = [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
+    if "files" not in record:  # tables and plots of an etn that kept no list of them
+        legacy += [p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES]
     return named + legacy
 
 

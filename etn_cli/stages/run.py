@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etn_cli import progress
+from etn_cli.backbones.base import read_only
 from etn_cli.distributed import rank_device, torchrun_world
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
@@ -132,9 +133,23 @@ def run_many(
     device: str | None = None,
     options: RunOptions | None = None,
 ) -> list[RunOutcome]:
-    """Run each pipeline in turn; a failing pipeline is recorded and the next one still runs."""
+    """Check every pipeline first (a bad file, key or value refuses the whole batch before any
+    work); then run each in turn: a pipeline failing at run time is recorded and the next one
+    still runs (a cron batch)."""
+    options = options or RunOptions()
+    files = expand_paths(paths)
+    errors = []
+    for path in files:
+        try:
+            with read_only():  # checking builds nothing; the run below does
+                make_plan(load_pipeline(path, options.overrides, options.only), data_dir)
+        except EtnError as err:
+            errors.append(str(err))
+    if errors:
+        raise EtnError(" | ".join(errors) if len(errors) > 1 else errors[0])
+    progress.say(f"etn: data directory {Path(data_dir).resolve()}")
     outcomes = []
-    for path in expand_paths(paths):
+    for path in files:
         started = time.perf_counter()
         try:
             outcomes.append(run_pipeline(path, data_dir, device=device, options=options))
@@ -150,11 +165,13 @@ def run_many(
 def dry_run_report(paths: list[Path], data_dir: Path, options: RunOptions) -> str:
     """What ``etn run`` would do: every unit of every pipeline, cached or to build, and the
     totals. Nothing is loaded, trained or written."""
+    from etn_cli.backbones.base import read_only
     from etn_cli.stages.status import status
 
     parts = []
     for path in expand_paths(paths):
-        plan = make_plan(load_pipeline(path, options.overrides, options.only), data_dir)
+        with read_only():
+            plan = make_plan(load_pipeline(path, options.overrides, options.only), data_dir)
         units = status(plan)
         lines = [f"{path} (data directory {plan.data_dir}):"]
         for u in units:
