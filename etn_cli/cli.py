@@ -132,7 +132,7 @@ def run(
     tables = [o for o in outcomes if o.ok and o.table]
     for outcome in tables:
         title = f"## {outcome.path}\n\n" if len(tables) > 1 and options.fmt != "json" else ""
-        typer.echo(f"{title}{outcome.table}")
+        typer.echo(f"{title}{outcome.table.rstrip()}")
     for outcome in outcomes:
         if outcome.ok:
             progress.say(outcome.line())
@@ -304,7 +304,7 @@ def report(
             written += files
     if parquet:
         tables.append(report_files(parquet, fmt=fmt, metric=metric))
-    typer.echo("\n\n".join(tables))
+    typer.echo("\n\n".join(t.rstrip("\n") for t in tables))
     for path in written:  # stdout stays the table
         typer.echo(f"wrote {path}", err=True)
 

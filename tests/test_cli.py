@@ -111,15 +111,32 @@ def test_report_reads_parquet_files_directly(finished: tuple[Path, Path, str]) -
     assert code == 0 and "| ETN" in output
 
 
-def test_a_failing_pipeline_does_not_stop_the_others(tmp_path: Path, finished) -> None:  # noqa: ANN001
+def test_a_bad_pipeline_refuses_the_batch_before_any_work(tmp_path: Path, finished) -> None:  # noqa: ANN001
     _, data, _ = finished
-    good = write_pipeline(tmp_path, "good")
+    write_pipeline(tmp_path, "good")
     bad = tmp_path / "bad.toml"
     bad.write_text(TINY.format(name="bad", etn_epochs=3).replace('name = "map"', 'name = "mpa"'))
-    code, output = etn("run", tmp_path, "--data-dir", data)
+    with pytest.raises(EtnError, match="Unknown head 'mpa'. Did you mean: map?"):
+        etn("run", tmp_path, "--data-dir", data)
+    assert not (data / "metrics" / "good").exists()
+
+
+def test_a_pipeline_failing_at_run_time_does_not_stop_the_others(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for name, n, ood in (("adapt", 60, False), ("test", 90, False), ("far", 60, True)):
+        write_own_shards(tmp_path / "mine" / name, rng, n, ood)
+    with h5py.File(tmp_path / "mine" / "adapt" / "shard-00000.h5", "a") as f:
+        f["logits"][3, 0] = np.nan  # found when the shards are read, not when planned
+    write_own_shards(tmp_path / "mine" / "clean", rng, 60)
+    for name, adapt in (("a-bad", "adapt"), ("b-good", "clean")):
+        (tmp_path / f"{name}.toml").write_text(
+            f'name = "{name}"\nseeds = [0]\n[features]\nadapt = "mine/{adapt}"\n'
+            'test = "mine/test"\nood = ["mine/far"]\n[[heads]]\nname = "map"\n'
+        )
+    code, output = etn("run", tmp_path, "--data-dir", tmp_path / "data", "-f", "md")
     assert code == 1
-    assert "FAILED" in output and "Unknown head 'mpa'. Did you mean: map?" in output
-    assert f"ok     {good}" in output
+    assert "FAILED" in output and "1 NaN value (row 3)" in output
+    assert f"ok     {tmp_path / 'b-good.toml'}" in output
 
 
 def test_ls_prints_registered_names_one_per_line() -> None:
@@ -173,8 +190,9 @@ def test_bad_input_is_one_line_on_stderr_with_exit_status_2(tmp_path: Path) -> N
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 1  # run: the batch goes on, the failed pipeline sets the status
+    assert done.returncode == 2  # run: a bad file refuses the batch before any work
     assert "Unknown key 'batchsize'" in done.stderr and "Did you mean 'batch_size'?" in done.stderr
+    assert done.stderr.count("\n") == 1
     done = subprocess.run(
         [sys.executable, "-m", "etn_cli", "train", str(pipeline), "-d", str(tmp_path / "d")],
         capture_output=True,

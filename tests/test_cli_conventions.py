@@ -1,0 +1,292 @@
+"""The command line as a person meets it, through the installed ``etn`` entry point in a
+subprocess: usage errors are one line with exit status 2 and write nothing; output off a
+terminal is plain lines; every ``--format`` parses; overrides reach the content keys; the
+results table fits 100 columns; read-only commands create nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import polars as pl
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
+PIPELINE = """
+name = "conv"
+seeds = [0, 1]
+[features]
+adapt = "mine/adapt"
+test = "mine/test"
+ood = ["mine/far", "mine/near"]
+id_dataset = "toy"
+backbone = "my-model"
+[[heads]]
+name = "etn"
+epochs = 3
+batch_size = 32
+[[heads]]
+name = "map"
+[[heads]]
+name = "mahalanobis"
+"""
+
+
+def etn(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*ETN, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {}), "COLUMNS": "200"},
+        timeout=300,
+    )
+
+
+def write_shards(folder: Path, rng: np.random.Generator, n: int, shift: float) -> None:
+    folder.mkdir(parents=True)
+    labels = rng.integers(0, 3, n)
+    hidden = np.eye(3, 8)[labels] * 4 + rng.normal(size=(n, 8)) * (1 + shift)
+    with h5py.File(folder / "shard-00000.h5", "w") as f:
+        f.attrs["etn_format"] = 1
+        f["hidden"] = hidden.astype(np.float32)
+        f["logits"] = (hidden[:, :3] * 2).astype(np.float32)
+        f["labels"] = labels.astype(np.int64)
+        f["index"] = np.arange(n, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("conv")
+    rng = np.random.default_rng(0)
+    for name, n, shift in (("adapt", 90, 0), ("test", 150, 0), ("far", 80, 2), ("near", 80, 1)):
+        write_shards(root / "mine" / name, rng, n, shift)
+    (root / "conv.toml").write_text(PIPELINE)
+    return root
+
+
+@pytest.fixture(scope="module")
+def finished(project: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    data = project / "data"
+    done = etn("run", project / "conv.toml", "-d", data)
+    assert done.returncode == 0, done.stderr
+    return project / "conv.toml", data, done
+
+
+def one_line_usage_error(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["lst"], "Did you mean 'ls'?"),
+        (["run"], "Missing argument"),
+        (["ls", "heeds"], "Did you mean 'heads'?"),
+        (["run", "--bogus"], "No such option: --bogus"),
+        (["report", "--format", "xls", "{pipeline}"], "Unknown format 'xls'"),
+        (["report", "--metric", "bogus", "{pipeline}"], "aupr, auroc, fpr95"),
+        (["run", "--metric", "aurco", "{pipeline}"], "Did you mean 'auroc'?"),
+        (["run", "{pipeline}", "--set", "heads.etn.epochs=-1"], "'epochs' must be an integer >= 1"),
+        (["run", "{pipeline}", "--set", "heads.etn.lr=-1"], "'lr' must be a finite number > 0"),
+        (["run", "{pipeline}", "--set", "heads.etn.batch_size=0"], "'batch_size' must be"),
+        (["run", "{pipeline}", "--set", "heads.etn.epoch=3"], "Did you mean 'epochs'?"),
+        (["run", "{pipeline}", "--set", "heads.etn.prior_mode='x'"], "expected float"),
+        (["run", "{pipeline}", "--set", "seeds=[]"], "seeds must be a non-empty list"),
+        (["train", "{pipeline}", "--device", "gpu"], "Unknown device 'gpu'"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2_and_write_nothing(
+    project: Path, tmp_path: Path, args: list[str], phrase: str
+) -> None:
+    data = tmp_path / "data"
+    args = [a.replace("{pipeline}", str(project / "conv.toml")) for a in args]
+    done = etn(*args, "-d", data) if args[0] not in ("lst", "ls") else etn(*args)
+    one_line_usage_error(done)
+    assert phrase in done.stderr, done.stderr
+    assert not data.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "phrase"),
+    [
+        (["run", "--format", "csv"], "Missing argument"),
+        (["run", "{pipeline}", "--set", "seeds=[0, 0]"], "distinct"),
+        (["run", "{pipeline}", "--set", "heads.etm.lr=1"], "Did you mean 'etn'?"),
+        (["run", "{pipeline}", "--set", "nonsense"], "--set expects KEY=VALUE"),
+        (["run", "{pipeline}", "--set", "data.batch_size=0"], "[features]"),
+        (["run", "{pipeline}", "--only", "mpa"], "Did you mean 'map'?"),
+        (["run", "{pipeline}", "--only", ","], "--only expects head names"),
+        (["status", "{pipeline}", "-f", "yaml"], "Unknown format 'yaml'"),
+    ],
+)
+def test_more_usage_errors_in_process(
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], phrase: str
+) -> None:
+    from etn_cli.cli import main
+
+    args = [a.replace("{pipeline}", str(project / "conv.toml")) for a in args]
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "-d", str(tmp_path / "data")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and phrase in err, err
+    assert not (tmp_path / "data").exists()
+
+
+def test_device_cuda_without_a_gpu_says_what_to_use_instead(project: Path, tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    done = etn("train", project / "conv.toml", "--device", "cuda", "-d", tmp_path / "d")
+    one_line_usage_error(done)
+    assert "no CUDA GPU" in done.stderr and "--device cpu" in done.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_help_version_and_completion_are_there() -> None:
+    for args in (["-h"], ["--help"], ["run", "-h"], ["report", "-h"]):
+        done = etn(*args)
+        assert done.returncode == 0 and "Usage: etn" in done.stdout, args
+    assert "--install-completion" in etn("--help").stdout
+    version = etn("--version")
+    assert version.returncode == 0 and version.stdout.startswith("etn ")
+
+
+def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> None:  # noqa: ANN001
+    _, _, done = finished
+    err = done.stderr
+    assert "\r" not in err and "\x1b[" not in err  # no bars, no colour in a log
+    assert "[ 1/12] extract" not in err  # own features: nothing to extract, nothing said
+    started = [line for line in err.splitlines() if line.endswith(": started")]
+    finished_lines = [line for line in err.splitlines() if ": done in " in line]
+    assert len(started) == len(finished_lines) == 12  # 3 heads x 2 seeds, trained and scored
+    assert finished_lines[0].startswith("[ 5/16] train    ETN seed 0: done in ")
+    assert err.splitlines()[0].startswith("etn: data directory ")
+
+
+def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:  # noqa: ANN001
+    pipeline, data, _ = finished
+    quiet = etn("run", pipeline, "-d", data, "-q")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert "ETN" in quiet.stdout and "seeds" in quiet.stdout
+    verbose = etn("run", pipeline, "-d", data, "-v")
+    assert "train    ETN seed 1: skipped, up to date" in verbose.stderr
+    assert "extract  far (ood): skipped, your own features" in verbose.stderr
+
+
+def test_the_default_table_fits_100_columns_and_shows_calibration(finished) -> None:  # noqa: ANN001
+    pipeline, data, _ = finished
+    out = etn("report", pipeline, "-d", data).stdout
+    assert max(len(line) for line in out.splitlines()) <= 100
+    header = out.splitlines()[1].split()
+    assert header[:3] == ["Method", "ACC", "ECE"] and "AUROC" in header and "FPR95" in header
+    assert "AUPR(MP)" in header and "95% CI over 2 seeds" in out
+    assert "Mahalanobis [md]" in out  # its own score, named
+    single = etn("report", pipeline, "-d", data, "--set", "seeds=[0]").stdout
+    assert "±" not in single and "one seed" in single
+
+
+def test_every_format_parses(finished) -> None:  # noqa: ANN001
+    pipeline, data, _ = finished
+    run = lambda *a: etn("report", pipeline, "-d", data, *a).stdout  # noqa: E731
+    csv = pl.read_csv(run("-f", "csv").encode())
+    assert csv.columns[0] == "Method" and csv.height == 3
+    records = json.loads(run("-f", "json"))["results"]
+    keys = {"method", "metric", "score", "eval_set", "mean", "ci95_half_width", "n_seeds"}
+    assert keys <= set(records[0]) and {r["metric"] for r in records} >= {"acc", "ece", "auroc"}
+    assert run("-f", "markdown").startswith("| Method")
+    tex = run("-f", "latex", "--metric", "aupr")
+    assert r"\toprule" in tex and r"\textbf{" in tex and r"\underline{" in tex
+    for fmt in ("table", "markdown", "csv", "json", "latex"):
+        status = etn("status", pipeline, "-d", data, "-f", fmt)
+        assert status.returncode == 0 and "ETN seed 1" in status.stdout, fmt
+    results = json.loads((data / "reports" / "conv" / "results.json").read_text())
+    assert results["etn_version"] and len(results["metrics_keys"]) == 6
+
+
+def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # noqa: ANN001
+    pipeline, data, _ = finished
+    for metric in ("aupr", "auroc", "fpr95", "acc", "ece", "nll", "brier", "runtime"):
+        done = etn("report", pipeline, "-d", data, "--metric", metric)
+        assert done.returncode == 0 and "ETN" in done.stdout, (metric, done.stderr)
+    ece = etn("report", pipeline, "-d", data, "--metric", "ece").stdout
+    assert "ECE" in ece and "NLL" in ece and "BRIER" in ece
+
+
+def test_overrides_change_the_keys_of_exactly_the_units_they_touch(finished) -> None:  # noqa: ANN001
+    pipeline, data, _ = finished
+    plan = etn("run", pipeline, "-d", data, "--dry-run", "--set", "heads.etn.epochs=4").stdout
+    building = [line.split(None, 3)[3] for line in plan.splitlines() if "would build" in line]
+    assert building == ["ETN seed 0", "ETN seed 1", "ETN seed 0", "ETN seed 1"]
+    same = etn("run", pipeline, "-d", data, "--dry-run", "--set", "heads.etn.epochs=3").stdout
+    assert "0 to build" in same  # the file's own value: the same keys
+    only = etn("run", pipeline, "-d", data, "--dry-run", "--only", "map").stdout
+    assert "ETN" not in only and "MAP seed 1" in only
+
+
+def test_overrides_are_recorded_in_the_head_provenance(finished, tmp_path: Path) -> None:  # noqa: ANN001
+    pipeline, data, _ = finished
+    done = etn("train", pipeline, "-d", data, "--set", "heads.etn.epochs=2", "--only", "etn")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(p.read_text()) for p in (data / "heads").glob("etn-*/train.json")]
+    two = [r for r in records if r["config"]["epochs"] == 2]
+    assert len(two) == 2 and "--set heads.etn.epochs=2" in two[0]["provenance"]["command"]
+
+
+def test_read_only_commands_create_nothing(project: Path, tmp_path: Path) -> None:
+    data = tmp_path / "empty"
+    status = etn("status", project / "conv.toml", "-d", data)
+    assert status.returncode == 0 and "no data directory" in status.stdout
+    report = etn("report", project / "conv.toml", "-d", data)
+    assert report.returncode == 2 and "etn run" in report.stderr
+    assert etn("verify", "-d", data).returncode == 2
+    digits = etn("status", REPO / "pipelines" / "digits.toml", "-d", data)  # no CNN trained
+    assert digits.returncode == 0 and "missing" in digits.stdout
+    assert not data.exists()
+
+
+def test_the_data_directory_defaults_to_the_user_cache(project: Path, tmp_path: Path) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "ETN_DATA_DIR": ""}
+    plan = etn("run", project / "conv.toml", "--dry-run", env=env).stdout
+    assert f"(data directory {tmp_path / 'cache' / 'etn'})" in plan
+    env["ETN_DATA_DIR"] = str(tmp_path / "mine")
+    assert (
+        f"(data directory {tmp_path / 'mine'})"
+        in etn("run", project / "conv.toml", "--dry-run", env=env).stdout
+    )
+    file = tmp_path / "afile"
+    file.write_text("x")
+    one_line_usage_error(etn("status", project / "conv.toml", "-d", file))
+
+
+def test_report_names_its_files_and_removes_plots_it_no_longer_draws(finished) -> None:  # noqa: ANN001
+    pipeline, data, _ = finished
+    folder = data / "reports" / "conv"
+    done = etn("report", pipeline, "-d", data, "--metric", "auroc")
+    written = [line.removeprefix("wrote ") for line in done.stderr.splitlines()]
+    assert str(folder / "frontier-auroc.png") in written and str(folder / "results.json") in written
+    assert (folder / "frontier-auroc.pdf").is_file() and (folder / "auroc.md").is_file()
+    etn("report", pipeline, "-d", data)
+    assert not (folder / "frontier-auroc.png").exists() and not (folder / "auroc.md").exists()
+    assert (folder / "frontier-aupr.png").is_file() and (folder / "summary.txt").is_file()
+
+
+def test_the_readme_shows_the_shipped_digits_pipeline() -> None:
+    readme = (REPO / "README.md").read_text()
+    shipped = (REPO / "pipelines" / "digits.toml").read_text()
+    start = readme.index("```toml\n# pipelines/digits.toml") + len(
+        "```toml\n# pipelines/digits.toml\n"
+    )
+    listed = readme[start : readme.index("```", start)]
+    assert tomllib.loads(listed) == tomllib.loads(shipped)
+    assert listed.strip() == shipped.strip()
