@@ -265,7 +265,7 @@ def _seeds(value: Any, path: Path) -> tuple[int, ...]:
         or len(set(value)) < len(value)
     ):
         raise EtnError(
-            f"{path}: seeds must be a non-empty list of distinct integers >= 0, got {value!r}. "
-            "Write e.g. seeds = [0, 1, 2]."
+            f"{path}: seeds must be a non-empty list of integers, got {value!r} (distinct, each "
+            ">= 0). Write e.g. seeds = [0, 1, 2]."
         )
     return tuple(value)

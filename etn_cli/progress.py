@@ -94,11 +94,10 @@ def unit(stage: str, name: str, reason: str = "") -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
-    except BaseException as err:
+    except BaseException:
+        # The reason follows once, as the command's ``error:`` line or the run's summary.
         seconds = time.perf_counter() - started
-        if _state.verbosity >= QUIET:
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            print(f"{prefix}: FAILED after {seconds:.1f} s: {first}", file=sys.stderr, flush=True)
+        print(f"{prefix}: FAILED after {seconds:.1f} s", file=sys.stderr, flush=True)
         raise
     say(f"{prefix}: done in {time.perf_counter() - started:.1f} s")
 

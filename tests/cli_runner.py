@@ -3,6 +3,7 @@ from an empty data directory, compare shard contents."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -30,3 +31,16 @@ def fresh_data(tmp_path: Path, reference: tuple[Path, Path]) -> Path:
 def checksums(manifest: dict) -> list[tuple[str, int, str]]:
     """What a manifest says about its shards' content (the recorded file times differ)."""
     return [(e["file"], e["rows"], e["sha256"]) for e in manifest["shards"]]
+
+
+PROGRESS = re.compile(
+    r"^(\[\s*\d+/\d+\] )?(finetune|extract|train|evaluate)\s+.+: "
+    r"(started( \(.*\))?|done in [\d.]+ s|FAILED after [\d.]+ s|skipped, .*)$"
+    r"|^etn: data directory "
+)
+
+
+def without_progress(stderr: str) -> str:
+    """``stderr`` less the progress lines a run prints for each unit (what is left is what the
+    person must read: the error)."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not PROGRESS.match(line))

@@ -24,6 +24,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from cli_runner import without_progress
 from llm_fixtures import make_adapter, make_llama
 
 from etn_cli.cli import main
@@ -96,7 +97,7 @@ def etn(capsys: pytest.CaptureFixture, *args: str | Path) -> tuple[int, str]:
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else 1
-    return code, capsys.readouterr().err
+    return code, without_progress(capsys.readouterr().err)
 
 
 # ------------------------------------------------------------------------ shared inputs
@@ -552,6 +553,7 @@ def test_disk_that_fills_up_during_extraction(finished: tuple[Path, Path], tmp_p
         preexec_fn=limit_file_size,
     )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith("error: Expected to write") and done.stderr.count("\n") == 1
-    assert "File too large" in done.stderr and "Free disk space" in done.stderr
+    err = without_progress(done.stderr)
+    assert err.startswith("error: Expected to write") and err.count("\n") == 1
+    assert "File too large" in err and "Free disk space" in err
     assert snapshot(data) == before  # no split folder, no partial shard, no temporary file

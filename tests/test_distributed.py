@@ -208,10 +208,10 @@ def test_a_killed_torchrun_resumes_and_its_run_equals_a_single_process_run(
     assert not found.damaged and [left.path for left in found.leftovers] == [pieces]
     assert "journaled shard(s)" in found.leftovers[0].line()  # the finished pieces
 
-    done = torchrun("run", pipeline, "--data-dir", data)
+    done = torchrun("run", pipeline, "--data-dir", data, "--format", "markdown")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("| MAP |") == 1  # rank 0 alone trains, evaluates and prints
-    assert "extract: 2 built, 1 up to date" in done.stdout
+    assert "extract: 2 built, 1 up to date" in done.stderr  # the run's summary, with progress
     assert (test / "shard-00004.h5").stat().st_ino == inode  # reused, not recomputed
     record = manifest(test)
     assert record["resumed"]["pieces"] >= 2 and record["distributed"]["world_size"] == 2

@@ -287,8 +287,8 @@ def test_two_overlapping_runs_build_each_unit_once_and_equal_one_run(
     assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
     summary = re.compile(r"(\w+): (\d+) built, (\d+) up to date")
     built = [
-        {stage: (int(b), int(s)) for stage, b, s in summary.findall(out.decode())}
-        for out, _ in outputs
+        {stage: (int(b), int(s)) for stage, b, s in summary.findall((out + err).decode())}
+        for out, err in outputs
     ]
     for stage, total in UNITS.items():
         assert sum(counts[stage][0] for counts in built) == total  # once, not twice
@@ -521,7 +521,8 @@ def test_verify_names_each_damaged_item_on_one_line_and_exits_1(
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 1  # one flipped bit, the file still opens
     shard.write_bytes(bytes(raw))
-    (next(data.glob("features/*/digits.adapt-*")) / "shard-00001.h5").unlink()
+    adapt = next(p for p in data.glob("features/*/digits.adapt-*") if p.is_dir())
+    (adapt / "shard-00001.h5").unlink()
     parquet = next(data.glob("metrics/tiny/map-*.parquet"))
     parquet.write_bytes(parquet.read_bytes()[:100])
     head = next(p for p in data.glob("heads/etn-*") if p.is_dir())
@@ -532,7 +533,7 @@ def test_verify_names_each_damaged_item_on_one_line_and_exits_1(
     assert len(damaged) == 4 and "4 damaged" in result.output
     expected = {
         shard.parent: ("has sha256", "run etn extract"),
-        next(data.glob("features/*/digits.adapt-*")): ("which is missing", "run etn extract"),
+        adapt: ("which is missing", "run etn extract"),
         parquet: ("Not a readable Parquet file", "run etn evaluate"),
         head: ("has sha256", "run etn train"),
     }

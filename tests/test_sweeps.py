@@ -118,7 +118,7 @@ def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     pipeline = root / "sweep.toml"
     pipeline.write_text(SWEEP.format(modes="[1, 10]"))
-    output = _etn("run", pipeline, "--data-dir", root / "data")
+    output = _etn("run", pipeline, "--data-dir", root / "data", "--format", "markdown")
     return pipeline, root / "data", output
 
 
@@ -141,7 +141,7 @@ def test_sweep_run_writes_rows_that_name_their_point(swept):
 def test_sweep_report_draws_png_and_pdf_plots_per_method_and_setting_and_figure_1(swept):
     _, data, _ = swept
     folder = data / "reports" / "sweep"
-    for stem in ("sweep-etn-prior_mode", "sweep-static-variant", "frontier"):
+    for stem in ("sweep-etn-prior_mode", "sweep-static-variant", "frontier-aupr"):
         assert (folder / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (folder / f"{stem}.pdf").read_bytes()[:5] == b"%PDF-"
 
@@ -155,7 +155,7 @@ def test_adding_a_sweep_point_trains_only_that_point_and_redraws_the_plot(swept)
     assert plot.stat().st_mtime_ns == before  # unchanged metrics: no redraw
 
     pipeline.write_text(SWEEP.format(modes="[1, 10, 100]"))
-    output = _etn("run", pipeline, "--data-dir", data)
+    output = _etn("run", pipeline, "--data-dir", data, "--format", "markdown")
     assert "train: 2 built, 10 up to date" in output  # one new point x 2 seeds
     assert "evaluate: 2 built, 10 up to date" in output
     assert "| ETN (prior_mode=100) |" in output
