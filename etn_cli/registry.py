@@ -24,23 +24,35 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        self._aliases: dict[str, str] = {}  # another name people search for -> registered name
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
-            if name in self._items:
+            if name in self._items or name in self._aliases:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._items[name] = obj
             return obj
 
         return decorator
 
+    def alias(self, alias: str, name: str) -> None:
+        """Let ``alias`` (a name other libraries use, like OpenOOD's ``msp``) find ``name``."""
+        if alias in self._items or alias in self._aliases or name not in self._items:
+            raise ValueError(f"{self.kind} alias {alias!r} -> {name!r} clashes or dangles")
+        self._aliases[alias] = name
+
     def get(self, name: str) -> T:
+        name = self._aliases.get(name, name)
         if name not in self._items:
             raise EtnError(self.unknown_message(name))
         return self._items[name]
 
+    def aliases_of(self, name: str) -> list[str]:
+        return sorted(a for a, target in self._aliases.items() if target == name)
+
     def unknown_message(self, name: str) -> str:
-        close = difflib.get_close_matches(name, list(self._items), n=3, cutoff=0.5)
+        known = [*self._items, *self._aliases]
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         return f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(self.names())}"
 
@@ -48,7 +60,7 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._items or name in self._aliases
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -50,14 +50,24 @@ def test_perfectly_separating_scores_have_aupr_one_and_fpr95_zero():
     assert metrics["fpr95"].value == pytest.approx(0.0)
 
 
-def test_fpr95_on_a_constructed_example():
+def test_fpr95_id_on_a_constructed_example():
     # TPR first reaches 95% (19 of 20 positives) at threshold 2; 8 of 10 negatives lie above it.
     positives = np.arange(1.0, 21.0)
     negatives = np.array([0.5, 1.5, 2.5, 4.5, 6.5, 8.5, 10.5, 12.5, 14.5, 18.5])
     scores = {"mp": np.r_[positives, negatives]}
     correct = np.r_[np.ones(20, bool), np.zeros(10, bool)]
-    fpr95 = _by_name(confidence_metrics(scores, correct), "mp")["fpr95"].value
+    fpr95 = _by_name(confidence_metrics(scores, correct), "mp")["fpr95_id"].value
     assert fpr95 == pytest.approx(8 / 10)
+
+
+def test_openood_fpr95_takes_ood_as_positive_and_differs_from_the_id_reading():
+    # 20 ID samples (scores 1..20), 10 OOD. Catching 95% of OOD (10 of 10 at 0.95 * 10 = 9.5)
+    # needs the threshold at the highest OOD score 18.5: ID samples 1..18 are rejected (18/20).
+    positives = np.arange(1.0, 21.0)
+    negatives = np.array([0.5, 1.5, 2.5, 4.5, 6.5, 8.5, 10.5, 12.5, 14.5, 18.5])
+    values = _by_name(ood_metrics({"mp": positives}, {"mp": negatives}), "mp")
+    assert values["fpr95"].value == pytest.approx(18 / 20)
+    assert values["fpr95_id"].value == pytest.approx(8 / 10)
 
 
 def test_scores_where_higher_means_ood_are_flipped_before_ranking():
@@ -68,7 +78,9 @@ def test_scores_where_higher_means_ood_are_flipped_before_ranking():
 
 def test_all_correct_predictions_make_ranking_metrics_undefined_with_a_note():
     values = confidence_metrics({"mp": np.linspace(0.5, 1.0, 314)}, np.ones(314, bool))
-    assert [value.metric for value in values] == ["aupr", "auroc", "fpr95"]
+    assert [value.metric for value in values] == [
+        "aupr", "auroc", "aupr_in", "aupr_out", "fpr95", "fpr95_id"
+    ]  # fmt: skip
     for value in values:
         assert value.value is None
         assert value.note == "undefined: all 314 predictions are correct"
@@ -84,7 +96,9 @@ def test_ood_metrics_treat_id_as_positive_for_scores_present_in_both_sets():
     ood_scores = {"mp": np.array([0.3, 0.4]), "de": np.array([1.0, 2.0])}
     values = ood_metrics(id_scores, ood_scores)
     assert {value.score for value in values} == {"mp", "de"}
-    assert all(value.value == pytest.approx(1.0) for value in values if value.metric != "fpr95")
+    perfect = [v for v in values if not v.metric.startswith("fpr95")]
+    assert all(value.value == pytest.approx(1.0) for value in perfect)
+    assert all(v.value == 0.0 for v in values if v.metric.startswith("fpr95"))
 
 
 def test_an_empty_ood_set_raises():

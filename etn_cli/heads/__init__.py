@@ -18,5 +18,9 @@ from etn_cli.heads import (  # noqa: F401
     static,
 )
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.scorers.catalogue import ALIASES  # noqa: E402 - registers the post-hoc scorers
+
+for _alias, _name in ALIASES.items():
+    heads.alias(_alias, _name)
 
 __all__ = ["Head", "HeadConfig", "Prediction", "heads"]

@@ -64,7 +64,10 @@ class Head:
     Subclasses set ``name``, ``label`` (display name in reports), ``Config`` (a frozen dataclass
     extending :class:`HeadConfig`) and implement ``_fit``, ``_predict``, ``_state`` and
     ``_load_state``. ``classifier`` is the backbone's final layer (``weight`` (C, D), ``bias``
-    (C,)) for heads that start from it (``needs_classifier``). ``layers`` maps names to extra
+    (C,)) for heads that start from it (``needs_classifier``). A head that estimates ID
+    statistics (``needs_id_statistics``: class means, covariances, a bank of neighbours) is fitted
+    on the pipeline's ``fit`` split when it has one; a ``seed_free`` head draws nothing at random
+    and is fitted for the first seed only. ``layers`` maps names to extra
     per-sample arrays (N, D_l) that extract stored when the pipeline asked for them: pooled
     intermediate layers (``needs_layers``) or ODIN's perturbed logits; empty otherwise.
     """
@@ -75,6 +78,8 @@ class Head:
     Config: ClassVar[type[HeadConfig]] = HeadConfig
     needs_classifier: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False  # consumes pooled intermediate layers (``layers``)
+    needs_id_statistics: ClassVar[bool] = False  # fitted on the ``[data] fit`` split if given
+    seed_free: ClassVar[bool] = False  # nothing random: one seed stands for all
 
     def __init__(self, **settings: Any) -> None:
         self.config = build_config(self.Config, settings, f"head {self.name!r}")

@@ -24,6 +24,7 @@ class Energy(Head):
     name = "energy"
     label = "Energy"
     family = "posthoc"
+    seed_free = True
     Config = EnergyConfig
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001

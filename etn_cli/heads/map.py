@@ -15,6 +15,7 @@ class MAP(Head):
     name = "map"
     label = "MAP"
     family = "posthoc"
+    seed_free = True
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         return None

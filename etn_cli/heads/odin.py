@@ -41,6 +41,7 @@ class ODIN(Head):
     name = "odin"
     label = "ODIN"
     family = "posthoc"
+    seed_free = True
     Config = ODINConfig
 
     def __init__(self, **settings) -> None:  # noqa: ANN003

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from etn_cli.errors import EtnError
+from etn_cli.metrics.ranking import RANKING_METRICS, ranking_values
 from etn_cli.metrics.scores import id_score
 
 ECE_BINS = 15
 NLL_FLOOR = 1e-12
-RANKING_METRICS = ("aupr", "auroc", "fpr95")
 
 
 @dataclass(frozen=True)
@@ -81,28 +81,15 @@ def classification_metrics(
     return [MetricValue(name, None, float(value)) for name, value in values.items()]
 
 
-def fpr_at_95_tpr(labels: np.ndarray, scores: np.ndarray) -> float:
-    """False-positive rate at the highest threshold whose true-positive rate reaches 95%."""
-    from sklearn.metrics import roc_curve  # on use: a rerun that scores nothing never needs it
-
-    fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
-    return float(fpr[np.argmax(tpr >= 0.95)])
-
-
 def ranking_metrics(labels: np.ndarray, scores: np.ndarray, score: str) -> list[MetricValue]:
-    """AUPR, AUROC and FPR@95%TPR of ``scores`` (higher = positive) against binary ``labels``."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
-
-    values = {
-        "aupr": average_precision_score(labels, scores),
-        "auroc": roc_auc_score(labels, scores),
-        "fpr95": fpr_at_95_tpr(labels, scores),
-    }
-    return [MetricValue(name, score, float(value)) for name, value in values.items()]
+    """Every metric of :data:`RANKING_METRICS` of ``scores`` (higher = more ID-like) against
+    binary ``labels`` (1 = ID-like); see :mod:`etn_cli.metrics.ranking` for each definition."""
+    values = ranking_values(labels, scores)
+    return [MetricValue(name, score, values[name]) for name in RANKING_METRICS]
 
 
 def _undefined(score: str, note: str) -> list[MetricValue]:
-    """The three ranking metrics of ``score`` marked undefined, with the reason."""
+    """The ranking metrics of ``score`` marked undefined, with the reason."""
     return [MetricValue(name, score, None, f"undefined: {note}") for name in RANKING_METRICS]
 
 
@@ -124,7 +111,9 @@ def _oriented(name: str, values: np.ndarray, size: int, what: str) -> np.ndarray
 
 
 def confidence_metrics(scores: dict[str, np.ndarray], correct: np.ndarray) -> list[MetricValue]:
-    """AUPR, AUROC and FPR95 of each score at telling correct (positive) from wrong predictions."""
+    """The ranking metrics of each score at telling correct (ID-like: the positive class of
+    ``aupr``, ``aupr_in`` and ``fpr95_id``) from wrong predictions (positive for ``aupr_out``
+    and ``fpr95``, OpenOOD's reading)."""
     correct = np.asarray(correct, dtype=bool)  # (N,)
     n_right = int(correct.sum())
     note = None
@@ -145,7 +134,9 @@ def confidence_metrics(scores: dict[str, np.ndarray], correct: np.ndarray) -> li
 def ood_metrics(
     id_scores: dict[str, np.ndarray], ood_scores: dict[str, np.ndarray]
 ) -> list[MetricValue]:
-    """AUPR, AUROC and FPR95 of each score shared by both sets; ID = positive, OOD = negative."""
+    """The ranking metrics of each score shared by both sets: ID is the positive class of the
+    paper's ``aupr``, ``aupr_in`` and ``fpr95_id``; OOD is positive for ``aupr_out`` and
+    OpenOOD's ``fpr95`` (ID rejected at 95% OOD recall)."""
     shared = [name for name in id_scores if name in ood_scores]
     results: list[MetricValue] = []
     for name in shared:

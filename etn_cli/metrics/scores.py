@@ -21,7 +21,13 @@ HIGHER_MEANS_ID: dict[str, bool] = {
     "md": True,  # Mahalanobis score, reported as the negative distance
     "energy": True,  # logsumexp of the logits
     "kernel": True,  # DUQ's largest RBF kernel value max_c K_c
-}
+}  # the post-hoc scorers (etn_cli/scorers) add their own scores with register_score
+
+
+def register_score(name: str, higher_means_id: bool) -> None:
+    """Declare a score and its direction once; a second, different declaration is a bug."""
+    if HIGHER_MEANS_ID.setdefault(name, higher_means_id) != higher_means_id:
+        raise ValueError(f"score {name!r} is registered with both directions")
 
 
 def _row_span(rows: np.ndarray) -> str:

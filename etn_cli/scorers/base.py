@@ -1,0 +1,131 @@
+"""The one interface of the post-hoc OOD scorers: fit on ID statistics and the classifier,
+then score rows (pytorch-ood's ``fit_features`` / ``predict_features``, OpenOOD's
+postprocessors), as a registered :class:`~etn_cli.heads.base.Head` of family ``posthoc``.
+
+A scorer sets ``score_name`` (its own score in the metrics: the report's AUROC and FPR95 rank
+by it), ``higher_means_id`` (the score's direction, registered with
+:func:`etn_cli.metrics.scores.register_score`) and what it needs: ``needs_id_statistics``
+(fitted on the pipeline's ``[data] fit`` split when there is one, otherwise on the adaptation
+split) and ``needs_classifier`` (the backbone's final layer ``weight`` (C, D), ``bias`` (C,)).
+It implements :meth:`Scorer.fit_scorer` and :meth:`Scorer.score_rows`; a scorer that changes
+the logits (ReAct, ASH, DICE, ...) also overrides :meth:`Scorer.scorer_logits`, and its
+probabilities are the softmax of those logits, as in OpenOOD.
+
+Learned state lives on tensors whose names end in ``_`` and is saved and restored by the base
+class, so a scorer file holds only its method.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from etn_cli.errors import EtnError
+from etn_cli.heads.base import Head, Prediction
+from etn_cli.metrics.scores import probability_scores, register_score
+
+SCORE_ROWS = 16384  # rows scored at once: bounds the (rows, D) and (rows, C) temporaries
+NOT_STATE = ("n_features_", "n_classes_")
+
+
+class Scorer(Head):
+    family = "posthoc"
+    score_name: ClassVar[str]
+    higher_means_id: ClassVar[bool] = True
+    seed_free = True
+
+    def __init_subclass__(cls, **kwargs) -> None:  # noqa: ANN003
+        super().__init_subclass__(**kwargs)
+        if "score_name" in cls.__dict__:
+            register_score(cls.score_name, cls.higher_means_id)
+
+    # --------------------------------------------------------------- for each scorer
+    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+        """Learn the scorer's state from ``h`` (N, D), ``z`` (N, C), ``y`` (N,) and the
+        classifier (``weight``, ``bias``) or None; nothing to learn by default."""
+
+    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The own score of each row, shape (N,)."""
+        raise NotImplementedError
+
+    def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The logits the scorer classifies with: the backbone's unless it changes them."""
+        return z
+
+    # --------------------------------------------------------------- Head plumbing
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+        if classifier is not None:
+            classifier = {k: torch.as_tensor(v).float().to(device) for k, v in classifier.items()}
+            check_classifier(classifier, h.shape[1], z.shape[1])
+        self.fit_scorer(h.to(device), z.to(device), y.to(device), classifier)
+
+    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+        logits, scores = [], []
+        for start in range(0, len(h), SCORE_ROWS):
+            hc, zc = (
+                h[start : start + SCORE_ROWS].to(device),
+                z[start : start + SCORE_ROWS].to(device),
+            )
+            logits.append(self.scorer_logits(hc, zc).double().cpu())
+            scores.append(self.score_rows(hc, zc).double().cpu())
+        probs = torch.softmax(torch.cat(logits), dim=1).numpy()  # (N, C)
+        own = {self.score_name: torch.cat(scores).numpy()}
+        return Prediction(probs, probability_scores(probs) | own)
+
+    def score(self, hidden, logits, *, device: str = "cpu"):  # noqa: ANN001, ANN201
+        """Only the own score (N,) as a float64 array: what a detector is asked for, without
+        the probabilities ``predict`` also computes."""
+        from etn_cli.heads.base import check_features
+
+        h, z = check_features(hidden, logits)
+        dev = torch.device(device)
+        parts = [
+            self.score_rows(h[s : s + SCORE_ROWS].to(dev), z[s : s + SCORE_ROWS].to(dev)).cpu()
+            for s in range(0, len(h), SCORE_ROWS)
+        ]
+        return torch.cat(parts).double().numpy()
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return {
+            name[:-1]: value
+            for name, value in vars(self).items()
+            if name.endswith("_") and name not in NOT_STATE and isinstance(value, torch.Tensor)
+        }
+
+    def _load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name, value in tensors.items():
+            setattr(self, f"{name}_", value)
+
+
+def check_classifier(classifier: dict[str, torch.Tensor], dim: int, classes: int) -> None:
+    weight, bias = classifier["weight"], classifier["bias"]
+    if tuple(weight.shape) != (classes, dim) or tuple(bias.shape) != (classes,):
+        raise EtnError(
+            f"Expected the classifier's weight ({classes}, {dim}) and bias ({classes},) to match "
+            f"the features, got {tuple(weight.shape)} and {tuple(bias.shape)}. Use the "
+            "classifier.safetensors of the backbone that made these features."
+        )
+
+
+def energy(logits: torch.Tensor) -> torch.Tensor:
+    """``logsumexp_i z_i`` (N,): the negative free energy at T = 1 (Liu et al. 2020), the
+    score ReAct, ASH, SCALE, DICE and VRA read from the logits they change."""
+    return torch.logsumexp(logits.double(), dim=1)
+
+
+def linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The backbone's final layer on (possibly changed) features: ``h W^T + b`` (N, C)."""
+    return torch.addmm(bias, h, weight.T)
+
+
+def per_class_rows(y: torch.Tensor, classes: int, what: str) -> list[torch.Tensor]:
+    """Row indices of each class 0..C-1; a class without rows is an error naming the fix."""
+    rows = [torch.nonzero(y == c).flatten() for c in range(classes)]
+    missing = [c for c, r in enumerate(rows) if len(r) == 0]
+    if missing:
+        raise EtnError(
+            f"{what} needs ID samples of every class; classes {missing[:10]} have none. Use a "
+            'larger or stratified split (fit = "train" in [data]).'
+        )
+    return rows
