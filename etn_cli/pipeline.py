@@ -40,6 +40,9 @@ class DataSpec:
     adapt: str = "adapt"
     test: str = "test"
     ood: tuple[str, ...] = ()
+    fit: str | None = None  # a split of the ID dataset for ID statistics (``"train"``)
+    fit_rows: int | None = None  # a seeded subsample of that many rows of ``fit``
+    groups: dict = field(default_factory=dict)  # group -> OOD entries, averaged in reports
     root: str | None = None  # where datasets that need files on disk look for them
     batch_size: int = 256
     shard_rows: int = 65536
@@ -52,6 +55,8 @@ class DataSpec:
                 f"[data] expects batch_size >= 1, shard_rows >= 1 and workers >= 0, found "
                 f"{self.batch_size}, {self.shard_rows} and {self.workers}. Fix them."
             )
+        check_fit_rows(self.fit, self.fit_rows, "[data]")
+        check_groups(self.groups, self.ood, "[data.groups]")
         used = {self.id, *(name for name, _ in self.ood_sources())}
         for name, table in self.options.items():
             if name not in used or not isinstance(table, dict):
@@ -75,6 +80,33 @@ class FeaturesSpec:
     id_dataset: str = "custom"
     backbone: str = "custom"
     classifier: str | None = None  # classifier.safetensors with weight (C, D) and bias (C,)
+    fit: str | None = None  # a shard folder of ID training features for ID statistics
+    groups: dict = field(default_factory=dict)  # group -> OOD folders, averaged in reports
+
+    def __post_init__(self) -> None:
+        check_groups(self.groups, self.ood, "[features.groups]")
+
+
+def check_fit_rows(fit: str | None, rows: int | None, where: str) -> None:
+    if rows is not None and (fit is None or rows < 1):
+        raise EtnError(
+            f'{where} fit_rows = {rows} needs fit = "<split>" and a count >= 1. Write e.g. '
+            'fit = "train" and fit_rows = 128000.'
+        )
+
+
+def check_groups(groups: dict, ood: tuple[str, ...], where: str) -> None:
+    """Each group a non-empty list of OOD entries, each entry in at most one group."""
+    seen: set[str] = set()
+    for name, members in groups.items():
+        if not isinstance(members, list) or not members or not set(members) <= set(ood):
+            raise EtnError(
+                f"{where} {name} must list OOD entries of the pipeline ({', '.join(ood)}), "
+                f"found {members!r}. Write e.g. near = [{', '.join(map(repr, ood[:2]))}]."
+            )
+        if seen & set(members):
+            raise EtnError(f"{where}: {sorted(seen & set(members))} are in two groups; keep one.")
+        seen |= set(members)
 
 
 @dataclass(frozen=True)

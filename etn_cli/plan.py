@@ -28,7 +28,8 @@ from etn_cli.pipeline import HeadSpec, Pipeline
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 2  # 2: runtime columns (backbone_s_per_sample, backbone_passes), sweep
+METRICS_VERSION = 3  # 3: OpenOOD's aupr_in, aupr_out, fpr95 (OOD positive) and fpr95_id
+SUBSAMPLE_SEED = 0  # fixes the rows that ``fit_rows`` keeps
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights
 RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
@@ -38,12 +39,13 @@ RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
 class FeatureUnit:
     """One (backbone, dataset, split) of cached features."""
 
-    role: str  # "adapt", "test" or "ood"
+    role: str  # "adapt", "fit", "test" or "ood"
     name: str  # the eval-set name in reports
     path: Path
     dataset: str = ""
     split: str = ""
     fingerprint: dict[str, Any] | None = None  # None: the user's own shards
+    rows: int | None = None  # extract a seeded subsample of this many rows (``fit_rows``)
 
     @property
     def key(self) -> str:
@@ -92,6 +94,8 @@ class Plan:
     test: FeatureUnit
     ood: list[FeatureUnit]
     classifier_path: Path | None
+    fit: FeatureUnit | None = None  # ID statistics' split (``[data] fit``), if any
+    groups: dict[str, str] = field(default_factory=dict)  # OOD eval set -> its group
     backbone: Any = None  # the (not yet loaded) Backbone when etn extracts
     finetune: FinetuneUnit | None = None  # when the pipeline has a [finetune] table
     heads: list[HeadUnit] = field(default_factory=list)
@@ -99,16 +103,21 @@ class Plan:
 
     @property
     def feature_units(self) -> list[FeatureUnit]:
-        return [self.adapt, self.test, *self.ood]
+        return [self.adapt, *([self.fit] if self.fit else []), self.test, *self.ood]
+
+    def fit_unit(self, head: Any) -> FeatureUnit:
+        """The split ``head`` is fitted on: ``fit`` for heads that estimate ID statistics
+        when the pipeline has one, the adaptation split otherwise."""
+        return self.fit if self.fit is not None and head.needs_id_statistics else self.adapt
 
 
 def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
     data_dir = Path(data_dir).resolve()
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
-    plan = (
-        _own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
-    )
+    from etn_cli.plan_own import own_features
+
+    plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
     plan.heads = _head_units(plan)
     plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
     return plan
@@ -122,6 +131,15 @@ def open_source(pipeline: Pipeline, dataset: str) -> Any:
     assert data is not None
     root = str(pipeline.resolve(data.root)) if data.root else None
     return datasets.get(dataset)(root=root, **data.options.get(dataset, {}))
+
+
+def load_unit_split(pipeline: Pipeline, unit: FeatureUnit) -> Any:
+    """The dataset split a feature unit extracts: the whole split, or for ``fit_rows`` a
+    seeded subsample of it (:func:`etn_cli.datasets.base.subsample`)."""
+    from etn_cli.datasets.base import subsample
+
+    split = open_source(pipeline, unit.dataset).load_split(unit.split)
+    return subsample(split, unit.rows, SUBSAMPLE_SEED) if unit.rows else split
 
 
 def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = "") -> Any:
@@ -154,6 +172,8 @@ def _check_names(pipeline: Pipeline) -> None:
             checked_source(pipeline, dataset, split)
         if pipeline.finetune is not None:
             checked_source(pipeline, data.id, pipeline.finetune.split, " [finetune]")
+        if data.fit is not None:
+            checked_source(pipeline, data.id, data.fit, " [data] fit")
 
 
 def _resolve_path_options(pipeline: Pipeline, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -186,7 +206,9 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     root = data_dir / "features" / f"{pipeline.backbone}-{fingerprint_key(backbone_fp, 12)}"
     data = pipeline.data
 
-    def unit(role: str, dataset: str, split: str, name: str) -> FeatureUnit:
+    def unit(
+        role: str, dataset: str, split: str, name: str, rows: int | None = None
+    ) -> FeatureUnit:
         source = checked_source(pipeline, dataset, split)
         fp = {
             "backbone": backbone_fp,
@@ -194,14 +216,15 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
             "split": split,
             "source": source.split_fingerprint(split),
             "extract_version": EXTRACT_VERSION,
-        }
-        return FeatureUnit(
-            role, name, root / f"{dataset}.{split}-{fingerprint_key(fp)}", dataset, split, fp
-        )
+        } | ({"rows": rows, "row_seed": SUBSAMPLE_SEED} if rows else {})
+        folder = root / f"{dataset}.{split}-{fingerprint_key(fp)}"
+        return FeatureUnit(role, name, folder, dataset, split, fp, rows)
 
-    ood = [
-        unit("ood", ds, sp, ds if sp == "test" else f"{ds}:{sp}") for ds, sp in data.ood_sources()
-    ]
+    names = [ds if sp == "test" else f"{ds}:{sp}" for ds, sp in data.ood_sources()]
+    ood = [unit("ood", ds, sp, n) for (ds, sp), n in zip(data.ood_sources(), names, strict=True)]
+    fit = (
+        unit("fit", data.id, data.fit, f"{data.id}:{data.fit}", data.fit_rows) if data.fit else None
+    )
     return Plan(
         pipeline=pipeline,
         data_dir=data_dir,
@@ -211,6 +234,8 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         test=unit("test", data.id, data.test, data.id),
         ood=ood,
         classifier_path=root / "classifier.safetensors",
+        fit=fit,
+        groups=group_of(data.groups, dict(zip(data.ood, names, strict=True))),
         backbone=backbone,
         finetune=finetune,
     )
@@ -243,47 +268,9 @@ def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> Finetun
     return FinetuneUnit(path, key, data.id, spec.split, dict(spec.settings), fp)
 
 
-def split_key(path: Path) -> str:
-    """The content key of a shard folder: its manifest's key, or for a folder of the user's own
-    shards without a manifest, the key of their checksums (as ``read_split`` computes it)."""
-    import json
-
-    from etn_cli.store.fingerprint import file_sha256
-
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        return json.loads(manifest.read_text())["key"]
-    hashes = {p.name: file_sha256(p) for p in sorted(path.glob("*.h5"))}
-    if not hashes:
-        raise EtnError(
-            f"Feature folder {path} holds no *.h5 shards. See the README's shard format."
-        )
-    return fingerprint_key({"byof": True, "shards": hashes})
-
-
-def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
-    spec = pipeline.features
-    assert spec is not None
-
-    def unit(role: str, folder: str, name: str) -> FeatureUnit:
-        path = pipeline.resolve(folder)
-        if not path.is_dir():
-            raise EtnError(
-                f"Feature folder {path} ({pipeline.path} [features] {role}) does not exist. "
-                "Point it at a folder of shard-*.h5 files."
-            )
-        return FeatureUnit(role, name, path, fingerprint={"byof": split_key(path)})
-
-    return Plan(
-        pipeline=pipeline,
-        data_dir=data_dir,
-        backbone_name=spec.backbone,
-        id_dataset=spec.id_dataset,
-        adapt=unit("adapt", spec.adapt, spec.id_dataset),
-        test=unit("test", spec.test, spec.id_dataset),
-        ood=[unit("ood", folder, Path(folder).name) for folder in spec.ood],
-        classifier_path=pipeline.resolve(spec.classifier) if spec.classifier else None,
-    )
+def group_of(groups: dict[str, list[str]], names: dict[str, str]) -> dict[str, str]:
+    """OOD eval-set name -> its group, from ``[data.groups]`` (entries as written in ``ood``)."""
+    return {names[entry]: group for group, entries in groups.items() for entry in entries}
 
 
 def head_label(spec: HeadSpec, head: Any) -> str:
@@ -304,12 +291,13 @@ def _head_units(plan: Plan) -> list[HeadUnit]:
 
     units = []
     for index, spec in enumerate(plan.pipeline.heads):
-        for seed in spec.seeds or plan.pipeline.seeds:
+        seeds = spec.seeds or plan.pipeline.seeds
+        for seed in seeds[:1] if heads.get(spec.name).seed_free and not spec.seeds else seeds:
             head = heads.get(spec.name)(**(spec.settings | {"seed": seed}))
             fp = {
-                "head": spec.name,
+                "head": head.name,
                 "config": config_dict(head.config),
-                "adapt": plan.adapt.key,
+                "adapt": plan.fit_unit(head).key,
                 "classifier": plan.classifier_path.parent.name
                 if head.needs_classifier and plan.classifier_path
                 else None,
@@ -317,7 +305,7 @@ def _head_units(plan: Plan) -> list[HeadUnit]:
             }
             key = fingerprint_key(fp)
             label = head_label(spec, head)
-            path = plan.data_dir / "heads" / f"{spec.name}-{key}"
+            path = plan.data_dir / "heads" / f"{head.name}-{key}"
             units.append(HeadUnit(index, head, seed, label, path, key))
     return units
 
@@ -330,7 +318,7 @@ def _metrics_unit(plan: Plan, unit: HeadUnit) -> MetricsUnit:
         "test": plan.test.key,
         "ood": {u.name: u.key for u in plan.ood},
         "metrics_version": METRICS_VERSION,
-    }
+    } | ({"groups": plan.groups} if plan.groups else {})
     key = fingerprint_key(fp)
     path = plan.data_dir / "metrics" / plan.pipeline.name / f"{unit.head.name}-{key}.parquet"
     return MetricsUnit(unit, path, key)

@@ -51,8 +51,8 @@ class Registry(Generic[T]):
         return sorted(a for a, target in self._aliases.items() if target == name)
 
     def unknown_message(self, name: str) -> str:
-        known = [*self._items, *self._aliases]
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        close = difflib.get_close_matches(name, list(self._items), n=3, cutoff=0.5)
+        close = close or difflib.get_close_matches(name, list(self._aliases), n=3, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         return f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(self.names())}"
 

@@ -32,6 +32,22 @@ class Split:
         return len(self.index)
 
 
+def subsample(split: Split, rows: int, seed: int) -> Split:
+    """The split restricted to ``rows`` rows drawn without replacement by ``seed``, kept in
+    their original order (all of it when it has no more rows); ``index`` still names each
+    sample's position in its source split."""
+    if rows >= len(split):
+        return split
+    from torch.utils.data import Subset
+
+    chosen = np.sort(np.random.default_rng(seed).choice(len(split), rows, replace=False))
+    fingerprint = split.fingerprint | {"rows": rows, "row_seed": seed}
+    return Split(
+        split.dataset, split.split, Subset(split.data, chosen.tolist()), split.index[chosen],
+        split.num_classes, fingerprint,
+    )  # fmt: skip
+
+
 class DatasetSource:
     """A registered dataset. Subclasses set ``splits`` and implement :meth:`load_split`."""
 

@@ -58,14 +58,18 @@ def own_scores(summary: pl.DataFrame) -> dict[tuple, str]:
 
 
 def _ood_columns(summary: pl.DataFrame, id_dataset: str) -> tuple[list[str], str | None]:
-    """The OOD sets in order of first appearance, and the name of their average (if any)."""
+    """The OOD columns in order of first appearance: the groups' averages (``near-OOD``,
+    ``far-OOD``) when the pipeline groups its OOD sets, else the sets; and the name of the
+    average over every set (if any)."""
     sets = (
         summary.filter((pl.col("task") == "ood") & (pl.col("id_dataset") == id_dataset))["eval_set"]
         .unique(maintain_order=True)
         .to_list()
     )
     average = f"{id_dataset}-OOD"
-    return [s for s in sets if s != average], average if average in sets else None
+    groups = [s for s in sets if s.endswith("-OOD") and s != average]
+    shown = groups or [s for s in sets if s != average]
+    return shown, average if average in sets else None
 
 
 def summary_view(summary: pl.DataFrame, max_width: int = MAX_WIDTH) -> pl.DataFrame:
@@ -164,12 +168,21 @@ def footnote(table: pl.DataFrame, metric: str | None) -> str:
     shown = {c.rsplit(" ", 1)[-1] for c in table.columns if c not in META_COLUMNS}
     percent = sorted(m for m in PERCENT_METRICS | {"ece"} if m.upper() in shown or m == "acc")
     if metric is None:
-        lines.append("In %. ACC and ECE on the ID test set. AUROC and FPR95 (OpenOOD's: ID")
-        lines.append("rejected at 95% OOD recall; lower is better) rank by each method's own OOD")
-        lines.append("score [in brackets], else by max probability (MP). AUPR(MP): the paper's.")
+        lines.append("In %. ACC and ECE on the ID test set. AUROC and FPR95 (OpenOOD v1.5's: ID")
+        lines.append("rejected at 95% OOD recall, OOD positive; lower is better) rank by each")
+        lines.append("method's own OOD score [in brackets], else by max probability (MP).")
+        lines.append("AUPR(MP): the paper's (ID positive). X-OOD: the mean over group X's sets.")
     elif percent:
         lines.append("ACC, AUPR, AUROC, FPR95 and ECE in %; lower is better for FPR95 and ECE.")
+        lines += [METRIC_NOTES[metric]] if metric in METRIC_NOTES else []
     return "\n".join(lines)
 
 
 META_COLUMNS = ("Method", "Family")
+METRIC_NOTES = {  # which class is positive, for the one-metric tables (see metrics/ranking.py)
+    "aupr": "AUPR: the paper's average precision, ID (or correct) positive.",
+    "aupr_in": "AUPR-IN: OpenOOD's trapezoid AUPR, ID (or correct) positive.",
+    "aupr_out": "AUPR-OUT: OpenOOD's trapezoid AUPR, OOD (or wrong) positive.",
+    "fpr95": "FPR95: OpenOOD's, ID (correct) rejected at 95% recall of OOD (wrong) samples.",
+    "fpr95_id": "FPR95_ID: OOD (wrong) accepted at 95% recall of ID (correct) samples.",
+}

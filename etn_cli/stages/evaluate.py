@@ -27,7 +27,7 @@ from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.store.atomic import atomic_write_bytes, remove_tmp, unit_lock
 from etn_cli.store.consistency import check_varies
-from etn_cli.store.headfiles import check_head_folder
+from etn_cli.store.headfiles import RECORD, check_head_folder
 from etn_cli.store.shards import read_split
 from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
@@ -84,6 +84,7 @@ def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str
         "n_test": len(test.labels),
         "backbone_s_per_sample": timing.get("forward_s_per_sample"),
         "backbone_passes": head.backbone_passes,
+        "fit_split": json.loads((unit.head.path / RECORD).read_text()).get("fit_split"),
     }
     return metrics_frame(plan, unit, rows, meta, head)
 
@@ -116,6 +117,7 @@ def metrics_frame(
             "method_label": label,
             "variant": head.head.variant,
             "family": fitted.family,
+            "ood_group": plan.groups.get(eval_set) if task == "ood" else None,
             "seed": head.seed,
             "metric": m.metric,
             "score": m.score,
@@ -138,12 +140,18 @@ def metrics_frame(
         "backbone_s_per_sample": meta["backbone_s_per_sample"],
         "backbone_passes": int(meta["backbone_passes"]),
         "n_test": int(meta["n_test"]),
+        "fit_split": meta["fit_split"],  # the split the head was fitted on, with its rows
     }
     frame = pl.DataFrame(
-        records, schema_overrides={"score": pl.String, "note": pl.String, "value": pl.Float64}
-    )
+        records,
+        schema_overrides={
+            "score": pl.String, "note": pl.String, "value": pl.Float64, "ood_group": pl.String
+        },
+    )  # fmt: skip
     frame = frame.with_columns(pl.lit(v).alias(k) for k, v in provenance_cols.items())
-    return frame.with_columns(pl.col("backbone_s_per_sample").cast(pl.Float64))
+    return frame.with_columns(
+        pl.col("backbone_s_per_sample").cast(pl.Float64), pl.col("fit_split").cast(pl.String)
+    )
 
 
 def parquet_bytes(frame: pl.DataFrame) -> bytes:

@@ -35,7 +35,7 @@ import numpy as np
 from etn_cli.distributed import torchrun_world
 from etn_cli.errors import EtnError
 from etn_cli.heads.training import progress
-from etn_cli.plan import FeatureUnit, Plan, open_source
+from etn_cli.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
 from etn_cli.store.atomic import unit_lock
@@ -116,7 +116,7 @@ def extract_split(plan: Plan, unit: FeatureUnit, backbone: Any, device: str) -> 
     """Write one split's shards and manifest, resuming from an interrupted run's shards."""
     data = plan.pipeline.data
     assert data is not None
-    split = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
+    split = load_unit_split(plan.pipeline, unit)
     record = provenance()
     started = time.perf_counter()
     fingerprint = unit.fingerprint or {}

@@ -19,7 +19,7 @@ from typing import Any
 from etn_cli.distributed import World
 from etn_cli.errors import EtnError
 from etn_cli.heads.training import progress
-from etn_cli.plan import FeatureUnit, Plan, open_source
+from etn_cli.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.extract import batches_of, forward_into, shard_sink, sliced_loader
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
@@ -43,7 +43,7 @@ def write_pieces(
     of the work (rows, batches, timing, the backbone's fingerprint) for the manifest."""
     data = plan.pipeline.data
     assert data is not None
-    split = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
+    split = load_unit_split(plan.pipeline, unit)
     if len(split) != layout.rows:
         raise EtnError(
             f"{world} reads {len(split)} rows of {unit.path.name}, rank 0 read {layout.rows}; "

@@ -23,7 +23,7 @@ from typing import Any
 
 from etn_cli.distributed import BACKEND, World, describe, from_main, gather, join, rank_device
 from etn_cli.errors import EtnError
-from etn_cli.plan import FeatureUnit, Plan, open_source
+from etn_cli.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.extract import load_backbone, store_classifier
 from etn_cli.stages.extract_pieces import RefusedData, write_pieces
@@ -63,7 +63,7 @@ def _claim(plan: Plan, unit: FeatureUnit, world: World, lock: contextlib.ExitSta
         return None
     data = plan.pipeline.data
     assert data is not None
-    rows = len(open_source(plan.pipeline, unit.dataset).load_split(unit.split))
+    rows = len(load_unit_split(plan.pipeline, unit))
     if rows == 0:
         raise EtnError(
             f"Expected rows for split {unit.path.name!r}, but the dataset split is empty; "

@@ -42,16 +42,35 @@ def metrics_paths(plan: Plan) -> list[Path]:
     return [u.path for u in plan.metrics]
 
 
-def table_text(summary: pl.DataFrame, fmt: str, metric: str | None) -> str:
-    """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote."""
+def table_text(
+    summary: pl.DataFrame, fmt: str, metric: str | None, fitted_on: str | None = None
+) -> str:
+    """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote
+    (with ``fitted_on``, the splits the heads were fitted on, when given)."""
     if fmt == "json":
         return results_json(summary)
     table = view(summary, metric)
     body = render(table, fmt)
     if fmt in ("table", "markdown"):
-        note = footnote(table, metric)
+        note = footnote(table, metric) + (f"\n{fitted_on}" if fitted_on else "")
         return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
     return body
+
+
+def fit_splits_note(metrics: pl.DataFrame) -> str | None:
+    """``Fitted on digits:train (760 rows): 17 methods; digits:adapt (190 rows): 15.``: which
+    split the heads were fitted on (post-hoc scorers use ``[data] fit`` for ID statistics),
+    from the ``fit_split`` column the metrics files record; None for files without it."""
+    if "fit_split" not in metrics.columns:
+        return None
+    counts = (
+        metrics.filter(pl.col("fit_split").is_not_null())
+        .group_by("fit_split", maintain_order=True)
+        .agg(pl.col("method_label").n_unique().alias("n"))
+        .sort("n", descending=True, maintain_order=True)
+    )
+    parts = [f"{split}: {n} method{'s' * (n != 1)}" for split, n in counts.iter_rows()]
+    return f"Fitted on {'; '.join(parts)}." if parts else None
 
 
 def _md_note(note: str) -> str:
@@ -75,6 +94,7 @@ def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tupl
     return the table in ``fmt`` with the paths written (unchanged plots are not redrawn)."""
     metrics = read_metrics(metrics_paths(plan))
     summary = summarize(metrics)
+    fitted_on = fit_splits_note(metrics)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -83,7 +103,7 @@ def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tupl
     ):
         for each, suffix in TABLE_FILES.items():
             path = folder / f"{name}.{suffix}"
-            atomic_write_text(path, table_text(summary, each, wanted))
+            atomic_write_text(path, table_text(summary, each, wanted, fitted_on))
             written.append(path)
     extra = {
         "pipeline_file": str(plan.pipeline.path),
@@ -101,7 +121,7 @@ def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tupl
             old.unlink(missing_ok=True)
     files = sorted(names)
     atomic_write_text(record_path, json.dumps({"key": key, "drawn": drawn, "files": files}))
-    return table_text(summary, fmt, metric), written
+    return table_text(summary, fmt, metric, fitted_on), written
 
 
 def _plots(
@@ -143,13 +163,15 @@ def report_files(paths: list[Path], *, fmt: str = "table", metric: str | None = 
     """Render tables straight from metrics Parquet files (any source, one table per setting)."""
     from etn_cli.report.tables import split_by_backbone
 
-    summary = summarize(read_metrics(paths))
+    metrics = read_metrics(paths)
+    summary = summarize(metrics)
+    fitted_on = fit_splits_note(metrics)
     if fmt == "json":
         return results_json(summary)
     parts = split_by_backbone(summary)
     rendered = []
     for (pipeline, backbone), part in parts.items():
         title = f"{pipeline} ({backbone})"
-        body = table_text(part, fmt, metric)
+        body = table_text(part, fmt, metric, fitted_on)
         rendered.append(body if len(parts) == 1 or fmt == "csv" else f"{title}\n\n{body}")
     return "\n\n".join(rendered)

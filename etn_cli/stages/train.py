@@ -1,4 +1,5 @@
-"""Stage 2: fit every head of the pipeline, per seed, on the cached adaptation features.
+"""Stage 2: fit every head of the pipeline, per seed, on the cached adaptation features (or,
+for heads that estimate ID statistics, on the pipeline's ``fit`` split when it has one).
 
 A head is built in a private folder (``head.json``, ``weights.safetensors``, then ``train.json``
 with their checksums) renamed into place when complete; ``--force`` builds a new folder and
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from etn_cli.config import config_dict
-from etn_cli.plan import HeadUnit, Plan
+from etn_cli.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
 from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
@@ -44,7 +45,8 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
     if not todo:
         return result
     check_plan_features(plan)
-    reader = cache(lambda: _adaptation_features(plan))
+    features_of = {u.role: u for u in (plan.adapt, plan.fit) if u is not None}
+    reader = cache(lambda role: _fit_features(features_of[role]))
     with explained_storage_errors():
         for unit in todo:
             ensure_writable(unit.path.parent)
@@ -55,7 +57,8 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
                 remove_partials(unit.path)  # left by a killed run; we hold the lock
                 reason = "--force" if force else "no finished head with this key"
                 with result.build(unit.path, unit_name(unit), reason):
-                    fit_and_save(plan, unit, reader(), device, replace=force)
+                    features = reader(plan.fit_unit(unit.head).role)
+                    fit_and_save(plan, unit, features, device, replace=force)
     return result
 
 
@@ -64,13 +67,16 @@ def unit_name(unit: HeadUnit) -> str:
     return f"{unit.label} seed {unit.seed}"
 
 
-def _adaptation_features(plan: Plan) -> Features:
-    features = read_split(plan.adapt.path)
-    check_varies(features.logits, "adaptation set", plan.adapt.path)
+def _fit_features(unit: FeatureUnit) -> Features:
+    features = read_split(unit.path)
+    what = "adaptation set" if unit.role == "adapt" else f"fit split {unit.name}"
+    check_varies(features.logits, what, unit.path)
     return features
 
 
 def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, replace: bool) -> None:
+    """Fit ``unit``'s head on ``adapt`` (the features of ``plan.fit_unit(head)``) and save it
+    with ``train.json``, which records the split it was fitted on (``fit_split``)."""
     classifier = None
     if unit.head.needs_classifier:
         weight, bias = load_classifier(plan.classifier_path)
@@ -90,9 +96,10 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
         "label": unit.label,
         "key": unit.key,
         "config": config_dict(unit.head.config),
-        "adapt_features": str(plan.adapt.path),
+        "adapt_features": str(plan.fit_unit(unit.head).path),
         "adapt_key": adapt.key,
         "adapt_rows": len(adapt.labels),
+        "fit_split": fit_split_label(plan, unit.head, len(adapt.labels)),
         "train_seconds": seconds,
         "device": device,
         "pipeline": plan.pipeline.name,
@@ -102,3 +109,11 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
         unit.head.save(tmp)
         record["files"] = head_checksums(tmp)
         (tmp / RECORD).write_text(json.dumps(record, indent=2))  # last: marks the head complete
+
+
+def fit_split_label(plan: Plan, head: object, rows: int) -> str:
+    """Which split a head was fitted on, as the report's footnote names it:
+    ``digits:train (760 rows)`` or ``digits:adapt (190 rows)``."""
+    unit = plan.fit_unit(head)
+    name = unit.name if unit.role == "fit" else f"{plan.id_dataset}:{unit.split or 'adapt'}"
+    return f"{name} ({rows:,} rows)"
