@@ -145,7 +145,11 @@ def test_ls_prints_registered_names_one_per_line() -> None:
     rows = [line.split("  ")[0] for line in etn("ls", "heads")[1].splitlines()[1:]]
     assert set(paper.split()) | {"duq", "sngp"} <= set(rows) and rows == sorted(rows)
     header, etn_row = etn("ls", "heads")[1].splitlines()[0], next(r for r in rows if r == "etn")
-    assert header.split() == ["name", "family", "label", "needs"] and etn_row == "etn"
+    assert header.split() == ["name", "family", "label", "needs", "also"] and etn_row == "etn"
+    knn = next(line for line in etn("ls", "heads")[1].splitlines() if line.startswith("knn "))
+    assert knn.split()[1] == "posthoc" and "ID statistics" in knn
+    msp = next(line for line in etn("ls", "heads")[1].splitlines() if line.startswith("map "))
+    assert msp.split()[-1] == "msp"  # the alias people search for
     assert "digits_cnn" in etn("ls", "backbones")[1].split()
     assert {"digits", "digits_unseen", "digits_noise"} <= set(etn("ls", "datasets")[1].split())
     repo = Path(__file__).resolve().parents[1]

@@ -37,14 +37,18 @@ def head_needs(cls: type) -> list[str]:
 
 
 def _heads() -> str:
+    """One line per head: name, family, label, what it needs, and the other names it goes by
+    (OpenOOD's and pytorch-ood's, e.g. ``msp`` for ``map``)."""
     from etn_cli.heads import heads
 
-    rows = [("name", "family", "label", "needs")]
+    rows = [("name", "family", "label", "needs", "also")]
     for name in heads.names():
         cls = heads.get(name)
         needs = ", ".join(head_needs(cls)) or "-"
-        rows.append((name, getattr(cls, "family", "other"), cls.label, needs))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        also = ", ".join(heads.aliases_of(name)) or "-"
+        rows.append((name, getattr(cls, "family", "other"), cls.label, needs, also))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(
-        "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[3]]) for r in rows
+        "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[4]]).rstrip()
+        for r in rows
     )

@@ -41,7 +41,7 @@ SEED_KEYS = [*SETTING, "eval_set", "task", *METHOD, "metric", "score"]
 PERCENT_METRICS = {"acc", "ece", "aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id"}
 ID_SCORES = ("mp", "um")
 OOD_SCORES = ("mp", "mi", "de")
-OWN_SCORES = ("md", "energy", "kernel")  # dedicated OOD-detector scores, one "Own" column
+STANDARD_SCORES = ("mp", "um", "mi", "de")  # any other score is a method's own (md, knn, ...)
 
 
 def read_metrics(paths: list[Path]) -> pl.DataFrame:
@@ -198,8 +198,9 @@ def _column_specs(summary: pl.DataFrame, metric: str) -> list[tuple[str, pl.Expr
                 keep = is_set & (pl.col("task") == "ood") & (pl.col("metric") == metric)
                 name = f"{id_dataset} → {eval_set} {score.upper()}"
                 specs.append((name, keep & (pl.col("score") == score), metric))
-            if summary.filter(pl.col("score").is_in(OWN_SCORES)).height:
-                own = keep & pl.col("score").is_in(OWN_SCORES)
+            is_own = pl.col("score").is_not_null() & ~pl.col("score").is_in(STANDARD_SCORES)
+            if summary.filter(is_own & (pl.col("task") == "ood")).height:
+                own = keep & is_own
                 specs.append((f"{id_dataset} → {eval_set} Own", own, metric))
     if summary.filter(pl.col("metric") == RUNTIME).height:
         specs.append(("Runtime ms", pl.col("metric") == RUNTIME, RUNTIME))

@@ -21,11 +21,11 @@ from etn_cli.report.tables import (
     METHOD,
     PERCENT_METRICS,
     RUNTIME,
+    STANDARD_SCORES,
     build_table,
     paper_table,
 )
 
-STANDARD_SCORES = ("mp", "um", "mi", "de")
 RANKING = ("aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id")
 CALIBRATION = ("acc", "ece", "nll", "brier")
 METRICS = (*RANKING, *CALIBRATION, "runtime")

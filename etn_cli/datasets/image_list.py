@@ -1,0 +1,143 @@
+"""Images named by list files in OpenOOD's benchmark format: one ``relative/path label`` per
+line (``benchmark_imglist/imagenet/test_ninco.txt``, ...), each split its own list.
+
+```toml
+[data]
+id = "image_list"
+root = "../data/openood"          # holds images_largescale/ and benchmark_imglist/
+[data.options.image_list]
+images = "images_largescale"      # where the listed paths start, relative to root
+[data.options.image_list.lists]   # split name -> list file, relative to root
+val = "benchmark_imglist/imagenet/val_imagenet.txt"
+ninco = "benchmark_imglist/imagenet/test_ninco.txt"
+textures = { list = "benchmark_imglist/imagenet/test_textures.txt", images = "images_classic" }
+```
+
+A split given as a table names its own ``images`` folder (OpenOOD keeps Textures under
+``images_classic/``, the other ImageNet sets under ``images_largescale/``).
+
+Every split yields ``(PIL RGB image, label)`` read lazily; the label is the list's integer
+(OpenOOD's OOD lists carry -1 or a placeholder, which etn never uses for OOD sets). A split's
+fingerprint is the sha256 of its list file, so an edited list gives new features. A missing
+list, a malformed line or a missing first image stops planning with one line naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from etn_cli.datasets.base import datasets
+from etn_cli.datasets.imagenet import ImageFiles
+from etn_cli.datasets.vision import VisionSource
+from etn_cli.errors import EtnError
+
+
+@dataclass(frozen=True)
+class ImageListOptions:
+    """``images``: the folder the listed paths are relative to (relative to ``[data] root``);
+    ``lists``: split name -> list file (relative to ``[data] root``, or absolute), or a table
+    ``{ list = "...", images = "..." }`` with the split's own images folder."""
+
+    images: str = "."
+    lists: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageList:
+    files: list[str]
+    labels: np.ndarray  # (N,) int64
+    sha256: str
+
+
+def read_image_list(path: Path) -> ImageList:
+    """Parse ``relative/path label`` lines (the path may hold spaces; blank lines skipped)."""
+    if not path.is_file():
+        raise EtnError(
+            f"Image list {path} does not exist. Put OpenOOD's benchmark_imglist/ under [data] "
+            "root (or fix lists = {...} in [data.options.image_list])."
+        )
+    text = path.read_bytes()
+    files, labels = [], []
+    for number, line in enumerate(text.decode().splitlines(), start=1):
+        if not line.strip():
+            continue
+        name, _, label = line.strip().rpartition(" ")
+        if not name or not label.lstrip("-").isdigit():
+            raise EtnError(
+                f"Line {number} of {path} is {line!r}; expected 'relative/path label' with an "
+                "integer label. Fix the list."
+            )
+        files.append(name)
+        labels.append(int(label))
+    if not files:
+        raise EtnError(f"Image list {path} names no images. Point the split at a non-empty list.")
+    return ImageList(files, np.asarray(labels, np.int64), hashlib.sha256(text).hexdigest())
+
+
+def list_source(entry: Any) -> tuple[str, str | None] | None:
+    """``(list file, images folder or None)`` of one ``lists`` entry; None if malformed."""
+    if isinstance(entry, str):
+        return entry, None
+    if (
+        isinstance(entry, dict)
+        and isinstance(entry.get("list"), str)
+        and set(entry) <= {"list", "images"}
+    ):
+        return entry["list"], entry.get("images")
+    return None
+
+
+@datasets.register("image_list")
+class ImageListSource(VisionSource):
+    name = "image_list"
+    title = "images named by list files"
+    Options = ImageListOptions
+
+    def __init__(self, root: str | None = None, **options: Any) -> None:
+        super().__init__(root, **options)
+        self.sources = {split: list_source(entry) for split, entry in self.opts.lists.items()}
+        if not self.sources or None in self.sources.values():
+            raise EtnError(
+                '[data.options.image_list] needs lists = { split = "path/to/list.txt", ... } '
+                f'(or {{ list = "...", images = "..." }} per split), found {self.opts.lists!r}.'
+            )
+        self.splits = tuple(self.sources)
+        self._lists: dict[str, ImageList] = {}
+
+    def _path(self, relative: str) -> Path:
+        path = Path(relative).expanduser()
+        return path if path.is_absolute() else self.root_path() / path
+
+    def images(self, split: str) -> Path:
+        return self._path(self.sources[split][1] or self.opts.images)
+
+    def image_list(self, split: str) -> ImageList:
+        if split not in self._lists:
+            self._lists[split] = read_image_list(self._path(self.sources[split][0]))
+        return self._lists[split]
+
+    def check_files(self, split: str) -> None:
+        first = self.images(split) / self.image_list(split).files[0]
+        if not first.is_file():
+            raise EtnError(
+                f"The first image of split {split!r}, {first}, does not exist. Put the images "
+                "under [data] root / images (OpenOOD's images_largescale/ or images_classic/)."
+            )
+
+    def fingerprint(self, split: str) -> dict[str, Any]:
+        listed = self.image_list(split)
+        return {"dataset": self.name, "split": split, "list_sha256": listed.sha256,
+                "images": self.sources[split][1] or self.opts.images,
+                "rows": len(listed.files)}  # fmt: skip
+
+    def open(self, split: str) -> tuple[Dataset, np.ndarray, int]:
+        listed = self.image_list(split)
+        data = ImageFiles(self.images(split), listed.files, listed.labels)
+        classes = int(max(listed.labels.max() + 1, 1))
+        return data, np.arange(len(listed.files), dtype=np.int64), classes
