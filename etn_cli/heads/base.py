@@ -80,6 +80,7 @@ class Head:
     needs_layers: ClassVar[bool] = False  # consumes pooled intermediate layers (``layers``)
     needs_id_statistics: ClassVar[bool] = False  # fitted on the ``[data] fit`` split if given
     seed_free: ClassVar[bool] = False  # nothing random: one seed stands for all
+    own_score: ClassVar[str] = "mp"  # the OOD score ``score()`` returns
 
     def __init__(self, **settings: Any) -> None:
         self.config = build_config(self.Config, settings, f"head {self.name!r}")
@@ -139,6 +140,28 @@ class Head:
         device: str = "cpu",
     ) -> Prediction:
         """Probabilities, uncertainty scores and (evidential heads) alpha for N samples."""
+        h, z, extra = self._checked_inputs(hidden, logits, layers)
+        prediction = self._predict(h, z, layers=extra, device=torch.device(device))
+        prediction.predictions = predicted_class(prediction.probs, z)
+        return prediction
+
+    def score(
+        self,
+        hidden: Any,
+        logits: Any,
+        *,
+        layers: dict[str, Any] | None = None,
+        device: str = "cpu",
+    ) -> np.ndarray:
+        """Only the head's own OOD score ``own_score`` (N,), float64, oriented as
+        :data:`etn_cli.metrics.scores.HIGHER_MEANS_ID` says: what a detector is asked for.
+        Heads that can skip the probabilities override ``_score``."""
+        h, z, extra = self._checked_inputs(hidden, logits, layers)
+        return np.asarray(self._score(h, z, layers=extra, device=torch.device(device)), np.float64)
+
+    def _checked_inputs(
+        self, hidden: Any, logits: Any, layers: dict[str, Any] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         if self.n_classes_ is None:
             raise EtnError(f"Head {self.name!r} is not fitted. Call fit(...) or load it first.")
         h, z = check_features(hidden, logits)
@@ -148,10 +171,7 @@ class Head:
                 f"{self.n_classes_} classes, got {h.shape[1]} and {z.shape[1]}. Use features "
                 "from the same backbone."
             )
-        extra = self._check_layers(layers, len(h))
-        prediction = self._predict(h, z, layers=extra, device=torch.device(device))
-        prediction.predictions = predicted_class(prediction.probs, z)
-        return prediction
+        return h, z, self._check_layers(layers, len(h))
 
     def save(self, folder: Path) -> None:
         """Write ``head.json`` (name, config, dims) and ``weights.safetensors``."""
@@ -216,6 +236,9 @@ class Head:
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         raise NotImplementedError
 
+    def _score(self, h, z, *, layers, device) -> np.ndarray:  # noqa: ANN001
+        return self._predict(h, z, layers=layers, device=device).scores[self.own_score]
+
     def _state(self) -> dict[str, torch.Tensor]:
         return {}
 
@@ -245,6 +268,8 @@ def check_features(hidden: Any, logits: Any) -> tuple[torch.Tensor, torch.Tensor
     if z.shape[1] < 2:
         raise EtnError(f"Expected at least 2 classes in logits, got {z.shape[1]}.")
     for name, t in (("hidden", h), ("logits", z)):
+        if bool(torch.isfinite(t.sum())):  # one reduction: no inf or NaN anywhere (fast path)
+            continue
         bad = (~torch.isfinite(t)).any(dim=1).nonzero().flatten()
         if len(bad):
             raise EtnError(

@@ -25,6 +25,7 @@ class Energy(Head):
     label = "Energy"
     family = "posthoc"
     seed_free = True
+    own_score = "energy"
     Config = EnergyConfig
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
@@ -36,3 +37,7 @@ class Energy(Head):
         probs = torch.softmax(z, dim=1).numpy()
         scores = probability_scores(probs) | {"energy": (t * torch.logsumexp(z / t, 1)).numpy()}
         return Prediction(probs, scores)
+
+    def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
+        t = self.config.temperature
+        return (t * torch.logsumexp(z.double() / t, 1)).numpy()

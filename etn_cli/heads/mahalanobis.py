@@ -10,6 +10,7 @@ OpenOOD's name.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from etn_cli.heads.base import Head, Prediction, heads
@@ -24,6 +25,7 @@ class Mahalanobis(Head):
     family = "posthoc"
     needs_id_statistics = True
     seed_free = True
+    own_score = "md"
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         self.means_ = class_means(h, y, z.shape[1], "Mahalanobis")  # (C, D)
@@ -31,8 +33,10 @@ class Mahalanobis(Head):
 
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         probs = torch.softmax(z.double(), dim=1).numpy()
-        dist = squared_distances(h, self.means_, self.precision_)  # (N, C)
-        return Prediction(probs, probability_scores(probs) | {"md": (-dist.min(1).values).numpy()})
+        return Prediction(probs, probability_scores(probs) | {"md": self._score(h, z)})
+
+    def _score(self, h, z, **_) -> np.ndarray:  # noqa: ANN001
+        return (-squared_distances(h, self.means_, self.precision_).min(1).values).numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:
         return {"means": self.means_, "precision": self.precision_}

@@ -23,3 +23,8 @@ class MAP(Head):
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         probs = torch.softmax(z.double(), dim=1).numpy()
         return Prediction(probs, probability_scores(probs))
+
+    def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
+        """MP alone: ``max_i softmax(z)_i = 1 / sum_i exp(z_i - max z)``, no (N, C) output."""
+        z = z.double()
+        return torch.exp(z.max(dim=1).values - torch.logsumexp(z, dim=1)).numpy()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from etn_cli.errors import EtnError
@@ -39,6 +40,7 @@ class Scorer(Head):
         super().__init_subclass__(**kwargs)
         if "score_name" in cls.__dict__:
             register_score(cls.score_name, cls.higher_means_id)
+            cls.own_score = cls.score_name
 
     # --------------------------------------------------------------- for each scorer
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
@@ -59,6 +61,8 @@ class Scorer(Head):
             classifier = {k: torch.as_tensor(v).float().to(device) for k, v in classifier.items()}
             check_classifier(classifier, h.shape[1], z.shape[1])
         self.fit_scorer(h.to(device), z.to(device), y.to(device), classifier)
+        # the layout a checkpoint restores, so a loaded scorer computes bit for bit the same
+        self._load_state({k: v.detach().contiguous() for k, v in self._state().items()})
 
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         logits, scores = [], []
@@ -73,18 +77,12 @@ class Scorer(Head):
         own = {self.score_name: torch.cat(scores).numpy()}
         return Prediction(probs, probability_scores(probs) | own)
 
-    def score(self, hidden, logits, *, device: str = "cpu"):  # noqa: ANN001, ANN201
-        """Only the own score (N,) as a float64 array: what a detector is asked for, without
-        the probabilities ``predict`` also computes."""
-        from etn_cli.heads.base import check_features
-
-        h, z = check_features(hidden, logits)
-        dev = torch.device(device)
+    def _score(self, h, z, *, layers, device) -> np.ndarray:  # noqa: ANN001
         parts = [
-            self.score_rows(h[s : s + SCORE_ROWS].to(dev), z[s : s + SCORE_ROWS].to(dev)).cpu()
+            self.score_rows(h[s : s + SCORE_ROWS].to(device), z[s : s + SCORE_ROWS].to(device))
             for s in range(0, len(h), SCORE_ROWS)
         ]
-        return torch.cat(parts).double().numpy()
+        return torch.cat(parts).double().cpu().numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:
         return {

@@ -4,6 +4,7 @@ minimum Mahalanobis distance to the class means, never building an (N, C, D) ten
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from etn_cli.scorers.base import per_class_rows
@@ -48,8 +49,29 @@ def covariance(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def precision(cov: torch.Tensor) -> torch.Tensor:
-    """``pinv(cov)`` for a symmetric covariance (OpenOOD's ``EmpiricalCovariance``)."""
-    return torch.linalg.pinv(cov, hermitian=True)
+    """``pinv(cov)`` of a symmetric covariance (OpenOOD's ``EmpiricalCovariance``): the
+    inverse from a Cholesky factor when ``cov`` is positive definite (the usual case with more
+    rows than dimensions; 0.5 s at D = 2,048 where an eigendecomposition takes 10-40 s on this
+    project's machine), else numpy's eigenvalue-based pseudo-inverse."""
+    factor, info = torch.linalg.cholesky_ex(cov)
+    if int(info) == 0:
+        return torch.cholesky_inverse(factor).contiguous()
+    return torch.from_numpy(np.linalg.pinv(cov.cpu().numpy(), hermitian=True)).to(cov.device)
+
+
+def symmetric_eigenvectors(matrix: torch.Tensor) -> torch.Tensor:
+    """Eigenvectors (columns, ascending eigenvalues) of a symmetric matrix, by numpy's
+    ``eigh`` (4x faster than torch's at D = 2,048 on this project's machine)."""
+    _, vectors = np.linalg.eigh(matrix.cpu().numpy())
+    return torch.from_numpy(vectors).to(matrix.device)
+
+
+def min_norm_solution(weight: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``pinv(W) t`` for W (C, D) with C <= D, as ``W^T pinv(W W^T) t``: the same identity,
+    with a C x C Gram matrix (a Cholesky factor at C = 1,000 instead of the SVD of W, 70 s on
+    this project's machine)."""
+    weight = weight.double()
+    return weight.T @ (precision(weight @ weight.T) @ target.double())
 
 
 def squared_distances(h: torch.Tensor, means: torch.Tensor, prec: torch.Tensor) -> torch.Tensor:

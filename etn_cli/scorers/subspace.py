@@ -18,7 +18,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
 from etn_cli.scorers.base import Scorer
-from etn_cli.scorers.statistics import second_moment
+from etn_cli.scorers.statistics import min_norm_solution, second_moment, symmetric_eigenvectors
 
 
 def principal_dim(dim: int, features: int) -> int:
@@ -49,9 +49,9 @@ class Subspace(Scorer):
                 f"size), got {d}. Set dim in the pipeline file."
             )
         weight, bias = classifier["weight"].double(), classifier["bias"].double()
-        self.origin_ = -(torch.linalg.pinv(weight) @ bias)  # (D,)
+        self.origin_ = -min_norm_solution(weight, bias)  # -pinv(W) b (D,)
         moment = second_moment(h, self.origin_) / len(h)
-        _, vectors = torch.linalg.eigh(moment)  # ascending eigenvalues
+        vectors = symmetric_eigenvectors(moment)  # ascending eigenvalues
         self.residual_basis_ = vectors[:, : h.shape[1] - d].float().contiguous()  # (D, D - d)
 
     def residual(self, h: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,177 @@
+"""Fit + score time of every post-hoc scorer at ImageNet scale, beside one float32 matrix
+product of the same sizes and, where pytorch-ood has the detector, pytorch-ood on the same
+arrays; and exact nearest neighbours by blocked torch products against faiss-cpu.
+
+Method: synthetic ResNet-50-shaped features (D = 2,048, C = 1,000, class-dependent means, a
+fixed linear classifier handed to the scorers that need one): ``--fit-rows`` ID rows (default
+128,000, 10% of ImageNet's training set, OpenOOD's and the KNN paper's practice) for the ID
+statistics, 10,000 test rows scored. Each scorer is fitted once with its defaults and asked
+for its own score only (``Scorer.score``). References, measured in the same run:
+
+* ``fit matmul``: ``X_fit^T X_fit`` (fit_rows x D x D), one pass of second moments over the
+  ID features, the floor of every Gaussian or subspace scorer;
+* ``test x fit matmul``: ``X_test X_fit^T`` (10,000 x fit_rows x D), the floor of any exact
+  nearest-neighbour search (KNN, NNGuide).
+
+pytorch-ood's detectors get the same tensors; ones that cannot run at this size (DICE builds
+an (N, C, D) tensor: 82 GB here; Mahalanobis and RMD loop over 1,000 classes with a D x D
+product each) are timed on the first 1,000 test rows and scaled by 10, which the table marks.
+
+    python benchmarks/bench_scorers.py [--fit-rows 128000] [--scorers knn vim ...] [--no-peers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from etn_cli.errors import EtnError
+from etn_cli.heads import heads
+from etn_cli.scorers.base import Scorer
+from etn_cli.scorers.neighbours import normalise, top_inner_products
+
+TEST_ROWS, DIM, CLASSES = 10_000, 2048, 1000
+
+
+def features(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hidden (N, D) float32 >= 0 (post-ReLU, as ResNet's pooled features), logits, labels."""
+    means = torch.from_numpy(np.random.default_rng(0).gamma(2.0, 0.25, (CLASSES, DIM))).float()
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, CLASSES, (rows,), generator=generator)
+    hidden = (means[labels] + 0.3 * torch.randn(rows, DIM, generator=generator)).clamp_min(0)
+    return hidden, hidden @ classifier()["weight"].T + classifier()["bias"], labels
+
+
+def classifier() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    means = torch.from_numpy(np.random.default_rng(0).gamma(2.0, 0.25, (CLASSES, DIM))).float()
+    weight = means - means.mean(0) + 0.01 * torch.randn(CLASSES, DIM, generator=generator)
+    return {"weight": weight, "bias": torch.zeros(CLASSES)}
+
+
+def timed(work: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def peers(fit: tuple, test: tuple, clf: dict) -> dict[str, Callable[[], tuple[float, bool]]]:
+    """pytorch-ood's detector of the same name: a function returning (seconds, scaled)."""
+    from pytorch_ood import detector as d
+
+    (h, z, y), (ht, zt, _) = fit, test
+    linear = torch.nn.Linear(DIM, CLASSES)
+    with torch.no_grad():
+        linear.weight.copy_(clf["weight"])
+        linear.bias.copy_(clf["bias"])
+    maps = ht[:, :, None, None]
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        return linear(x.flatten(1))
+
+    def fitted(make: Callable, predict: str, rows: int = TEST_ROWS) -> Callable:
+        def run() -> tuple[float, bool]:
+            with torch.no_grad():
+                started = time.perf_counter()
+                det = make()
+                data = (
+                    maps[:rows]
+                    if predict == "predict_feature_maps"
+                    else (zt[:rows] if predict == "predict_logits" else ht[:rows])
+                )
+                getattr(det, predict)(data)
+                return (time.perf_counter() - started) * 1.0, rows < TEST_ROWS
+
+        return run  # fmt: skip
+
+    few = 1000
+    return {
+        "max_logit": fitted(lambda: d.MaxLogit(None), "predict_logits"),
+        "entropy": fitted(lambda: d.Entropy(None), "predict_logits"),
+        "gen": fitted(lambda: d.GEN(None, M=100), "predict_logits"),
+        "kl_matching": fitted(lambda: d.KLMatching(None).fit_logits(z, y), "predict_logits"),
+        "temperature": fitted(lambda: d.TemperatureScaling(None).fit_logits(z, y), "predict_logits"),
+        "react": fitted(lambda: d.ReAct(None, head).fit_feature_maps(h, y), "predict_feature_maps"),
+        "ash_s": fitted(lambda: d.ASH(None, head, "ash-s", 0.9), "predict_feature_maps"),
+        "scale": fitted(lambda: d.SCALE(None, head, 0.85), "predict_feature_maps"),
+        "dice": fitted(lambda: d.DICE(None, clf["weight"], clf["bias"], 0.9).fit_features(h, y),
+                       "predict_features", rows=100),
+        "knn": fitted(lambda: d.KNN(None, k=50).fit_features(h, y), "predict_features", few),
+        "nnguide": fitted(lambda: d.NNGuide(None, linear, k=100).fit_features(h, y),
+                          "predict_features"),
+        "vim": fitted(lambda: d.ViM(None, 1000, clf["weight"], clf["bias"]).fit_features(h, y),
+                      "predict_features"),
+        "mahalanobis": fitted(lambda: d.Mahalanobis(None).fit_features(h, y),
+                              "predict_features", few),
+        "rmds": fitted(lambda: d.RMD(None).fit_features(h, y), "predict_features", few),
+        "she": fitted(lambda: d.SHE(None, linear).fit_features(h, y), "predict_features"),
+        "fdbd": fitted(lambda: d.fDBD(None, linear).fit_features(h, y), "predict_features"),
+    }  # fmt: skip
+
+
+def faiss_against_torch(bank: torch.Tensor, queries: torch.Tensor, k: int) -> None:
+    """Exact inner-product top-k of unit rows: faiss-cpu's IndexFlatIP, then blocked torch."""
+    bank, queries = normalise(bank), normalise(queries)
+    ours = timed(lambda: top_inner_products(queries, bank, k))
+    try:
+        import faiss
+    except ImportError:
+        print(f"knn search: torch blocked {ours:.1f} s; faiss-cpu not installed")
+        return
+    faiss.omp_set_num_threads(torch.get_num_threads())
+    index = faiss.IndexFlatIP(DIM)
+    seconds = timed(lambda: (index.add(bank.numpy()), index.search(queries.numpy(), k)))
+    print(
+        f"knn search (k = {k}): torch blocked {ours:.1f} s, faiss-cpu IndexFlatIP {seconds:.1f} s"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    scorers = [n for n in heads.names() if issubclass(heads.get(n), Scorer)]
+    parser.add_argument("--scorers", nargs="*", default=["mahalanobis", *scorers])
+    parser.add_argument("--fit-rows", type=int, default=128_000)
+    parser.add_argument("--no-peers", action="store_true")
+    args = parser.parse_args()
+    fit, test, clf = features(args.fit_rows, 0), features(TEST_ROWS, 1), classifier()
+    fit_ref = timed(lambda: fit[0].T @ fit[0])
+    knn_ref = timed(
+        lambda: [test[0] @ fit[0][i : i + 16384].T for i in range(0, args.fit_rows, 16384)]
+    )
+    print(
+        f"fit {args.fit_rows} x {DIM}, test {TEST_ROWS}, C = {CLASSES}, threads {torch.get_num_threads()}"
+    )
+    print(f"reference: fit matmul {fit_ref:.1f} s, test x fit matmul {knn_ref:.1f} s")
+    peer = {} if args.no_peers else peers(fit, test, clf)
+    print(
+        f"{'scorer':<15} {'fit s':>7} {'score s':>8} {'total s':>8} {'x fit mm':>9} {'pytorch-ood s':>14}"
+    )
+    for name in args.scorers:
+        head = heads.get(name)()
+        try:
+            fit_s = timed(lambda: head.fit(fit[0], fit[1], fit[2], classifier=clf))
+        except EtnError as refusal:
+            print(f"{name:<15} refused: {refusal}")
+            continue
+        if hasattr(head, "score"):
+            score_s = timed(lambda: head.score(test[0], test[1]))
+        else:
+            score_s = timed(lambda: head.predict(test[0], test[1]))
+        total = fit_s + score_s
+        theirs = ""
+        if name in peer:
+            seconds, scaled = peer[name]()
+            theirs = f"{seconds * (10 if scaled else 1):.1f}{' (x10)' if scaled else ''}"
+        print(
+            f"{name:<15} {fit_s:>7.1f} {score_s:>8.1f} {total:>8.1f} {total / fit_ref:>9.1f} {theirs:>14}"
+        )
+        del head
+    faiss_against_torch(fit[0], test[0], 50)
+
+
+if __name__ == "__main__":
+    main()
