@@ -11,6 +11,9 @@ in the same run, so the ratio says what a head costs on top of reading the backb
 The first optimizer a process creates imports ``torch._dynamo`` (about 2 s, once per
 process, whatever the head); the script imports it up front so that no head is charged for it.
 
+The post-hoc scorers (``etn_cli/scorers``) are timed by ``bench_scorers.py``: with
+``--shape imagenet`` this script runs it too, with ``--fit-rows`` (128,000) ID rows.
+
 ``--shape imagenet`` (10,000 x 2,048, C = 1,000) and ``--shape llm`` (5,000 x 4,096, C = 4)
 use the paper's adaptation settings of that column (ResNet50: batch 64, 50 epochs, ETN prior
 mode 5, lambda 1e-3; LLMs: batch 8, 5 epochs, ETN 3 layers of 512, prior mode 100, cosine
@@ -31,6 +34,9 @@ import torch._dynamo  # noqa: F401 - see below
 
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads
+from etn_cli.scorers.base import Scorer
+
+SCORERS = [n for n in heads.names() if issubclass(heads.get(n), Scorer)]
 
 VARIANTS = ("etn:vector", "etn:matrix", "static:vector", "static:matrix")
 SHAPES = {  # rows, dim, classes, settings of the paper's column (Supp. Table of hyper-parameters)
@@ -64,8 +70,10 @@ def features(rows: int, dim: int, classes: int, seed: int) -> tuple:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--heads", nargs="*", default=[*heads.names(), *VARIANTS])
+    others = [n for n in heads.names() if n not in SCORERS]
+    parser.add_argument("--heads", nargs="*", default=[*others, *VARIANTS])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="cifar")
+    parser.add_argument("--fit-rows", type=int, default=128_000, help="ID rows for the scorers")
     args = parser.parse_args()
     rows, dim, classes, shape_settings = SHAPES[args.shape]
     h, z, y, classifier, layers = features(rows, dim, classes, 0)
@@ -94,6 +102,10 @@ def main() -> None:
         predict_s = time.perf_counter() - started
         per_row_us, ratio = predict_s / 1e4 * 1e6, predict_s / reference
         print(f"{entry:<16} {fit_s:>9.2f} {predict_s:>10.3f} {per_row_us:>8.1f} {ratio:>10.0f}")
+    if args.shape == "imagenet":  # the post-hoc scorers with ImageNet-scale ID statistics
+        from bench_scorers import run  # noqa: PLC0415 - the script beside this one
+
+        run(args.fit_rows, ["map", "energy", "mahalanobis", *SCORERS])
 
 
 if __name__ == "__main__":
