@@ -117,13 +117,17 @@ def linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     return torch.addmm(bias, h, weight.T)
 
 
-def per_class_rows(y: torch.Tensor, classes: int, what: str) -> list[torch.Tensor]:
-    """Row indices of each class 0..C-1; a class without rows is an error naming the fix."""
-    rows = [torch.nonzero(y == c).flatten() for c in range(classes)]
-    missing = [c for c, r in enumerate(rows) if len(r) == 0]
+def check_every_class(y: torch.Tensor, classes: int, what: str) -> None:
+    """A class 0..C-1 without rows is an error naming the fix."""
+    missing = torch.nonzero(torch.bincount(y, minlength=classes) == 0).flatten().tolist()
     if missing:
         raise EtnError(
             f"{what} needs ID samples of every class; classes {missing[:10]} have none. Use a "
             'larger or stratified split (fit = "train" in [data]).'
         )
-    return rows
+
+
+def per_class_rows(y: torch.Tensor, classes: int, what: str) -> list[torch.Tensor]:
+    """Row indices of each class 0..C-1, every class present."""
+    check_every_class(y, classes, what)
+    return [torch.nonzero(y == c).flatten() for c in range(classes)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from etn_cli.scorers.base import per_class_rows
+from etn_cli.scorers.base import check_every_class
 
 MOMENT_ROWS = 16384  # float32 block products summed in float64: fast and accurate
 
@@ -15,26 +15,29 @@ MOMENT_ROWS = 16384  # float32 block products summed in float64: fast and accura
 def second_moment(
     x: torch.Tensor, means: torch.Tensor | None = None, labels: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``sum_i (x_i - m_i)(x_i - m_i)^T`` (D, D) in float64 from float32 products of row
-    blocks, with ``m_i = means`` (D,), or ``means[labels[i]]`` for class means (C, D), or 0.
-    Centring each block before the product keeps the small eigenvalues that
+    """``sum_i (x_i - m_i)(x_i - m_i)^T`` (D, D) with ``m_i = means`` (D,), or
+    ``means[labels[i]]`` for class means (C, D), or 0: float32 products of centred row blocks,
+    summed in float64. Centring before the product keeps the small eigenvalues that
     ``E[x x^T] - mu mu^T`` would cancel away in float32."""
     total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
+    centres = None if means is None else means.to(torch.float32)
     for start in range(0, len(x), MOMENT_ROWS):
-        block = x[start : start + MOMENT_ROWS].double()
-        if means is not None:
-            block = block - (
-                means if labels is None else means[labels[start : start + MOMENT_ROWS]]
-            )
-        block = block.float()
+        block = x[start : start + MOMENT_ROWS].to(torch.float32)
+        if centres is not None:
+            rows = slice(start, start + MOMENT_ROWS)
+            block = block - (centres if labels is None else centres[labels[rows]])
         total += (block.T @ block).double()
     return total
 
 
 def class_means(h: torch.Tensor, y: torch.Tensor, classes: int, what: str) -> torch.Tensor:
     """Mean feature of each class (C, D) in float64; every class must have rows."""
-    rows = per_class_rows(y, classes, what)
-    return torch.stack([h[r].double().mean(0) for r in rows])
+    check_every_class(y, classes, what)
+    sums = torch.zeros(classes, h.shape[1], dtype=torch.float64, device=h.device)
+    for start in range(0, len(h), MOMENT_ROWS):  # float64 sums of float32 blocks
+        rows = slice(start, start + MOMENT_ROWS)
+        sums.index_add_(0, y[rows], h[rows].double())
+    return sums / torch.bincount(y, minlength=classes).double()[:, None]
 
 
 def tied_covariance(h: torch.Tensor, y: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
@@ -44,7 +47,7 @@ def tied_covariance(h: torch.Tensor, y: torch.Tensor, means: torch.Tensor) -> to
 
 def covariance(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean (D,) and covariance (D, D), ``/ N``, of all rows, in float64."""
-    mean = h.double().mean(0)
+    mean = h.sum(0, dtype=torch.float64) / len(h)
     return mean, second_moment(h, mean) / len(h)
 
 

@@ -23,28 +23,33 @@ NEWTON_STEPS = 100
 BETA_MIN, BETA_MAX = 1e-4, 1e4  # T within [1e-4, 1e4]: separable or chance-level data
 
 
-def nll(beta: float, z: torch.Tensor, y: torch.Tensor) -> float:
-    """Mean ``-log softmax(beta z)_y`` (float64)."""
-    return float((torch.logsumexp(beta * z, 1) - beta * z.gather(1, y[:, None])[:, 0]).mean())
+def nll(beta: float, z: torch.Tensor, zy: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """Mean ``-log softmax(beta z)_y`` and the rows' ``logsumexp(beta z)`` (N,), float64."""
+    lse = torch.logsumexp(beta * z, 1)
+    return float((lse - beta * zy).mean()), lse
 
 
 def fit_inverse_temperature(z: torch.Tensor, y: torch.Tensor) -> float:
-    """``beta = 1 / T`` minimising the NLL of ``softmax(beta z)`` for labels ``y``."""
+    """``beta = 1 / T`` minimising the NLL of ``softmax(beta z)`` for labels ``y``: Newton
+    steps, halved while they raise the NLL; each step reads the logits three times."""
     z = z.double()
     zy = z.gather(1, y[:, None])[:, 0]  # (N,)
     beta = 1.0
+    loss, lse = nll(beta, z, zy)
     for _ in range(NEWTON_STEPS):
-        p = torch.softmax(beta * z, dim=1)
-        mean = (p * z).sum(1)  # E_p[z] (N,)
+        pz = torch.exp(beta * z - lse[:, None]) * z  # p_i z_i (N, C)
+        mean = pz.sum(1)  # E_p[z] (N,)
         grad = float((mean - zy).mean())
-        curvature = float(((p * z * z).sum(1) - mean**2).mean())
+        curvature = float(((pz * z).sum(1) - mean**2).mean())  # mean Var_p[z]
         step = grad / curvature if curvature > 0 else -grad
         new = min(max(beta - step, BETA_MIN), BETA_MAX)
-        while nll(new, z, y) > nll(beta, z, y) and abs(new - beta) > 1e-12:
+        new_loss, new_lse = nll(new, z, zy)
+        while new_loss > loss and abs(new - beta) > 1e-12:
             new = beta + (new - beta) / 2
+            new_loss, new_lse = nll(new, z, zy)
         if abs(new - beta) <= 1e-10 * max(1.0, beta):
             return new
-        beta = new
+        beta, loss, lse = new, new_loss, new_lse
     return beta
 
 
