@@ -115,14 +115,17 @@ def plan_of(pipeline: str | Path, data_dir: str | Path | None) -> Plan:
 
 def pipeline_head(plan: Plan, head: str, seed: int) -> HeadUnit:
     """The trained unit of ``plan`` called ``head`` (name, label or folder) for ``seed``."""
+    from etn_cli.heads import heads
+
     where = plan.pipeline.path
+    head = heads.get(head).name if head in heads else head  # an alias (msp) names its head
     named = [u for u in plan.heads if head in (u.head.name, u.label, u.path.name)]
     if not named:
         choices = sorted({u.head.name for u in plan.heads} | {u.label for u in plan.heads})
         close = difflib.get_close_matches(head, choices, n=3, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise EtnError(f"Pipeline {where} has no head {head!r}.{hint} Its heads: {choices}")
-    units = [u for u in named if u.seed == seed]
+    units = [u for u in named if u.seed == seed or u.head.seed_free]  # seed-free: one unit
     if not units:
         seeds = sorted({u.seed for u in named})
         raise EtnError(f"Head {head!r} of {where} has seeds {seeds}, not {seed}. Pick one.")

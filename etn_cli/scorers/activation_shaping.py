@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from etn_cli.heads.base import HeadConfig, heads
-from etn_cli.scorers.base import Scorer, energy, linear
+from etn_cli.scorers.base import Scorer, linear
 from etn_cli.scorers.rectified import check_percent
 
 
@@ -66,6 +66,7 @@ class Shaping(Scorer):
     """A shaping function of a row and the percentile, then the energy of the final layer."""
 
     needs_classifier = True
+    energy_of_logits = True
     shape_rows = staticmethod(ash_s)
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
@@ -73,9 +74,6 @@ class Shaping(Scorer):
 
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return linear(self.shape_rows(h, self.config.percentile), self.weight_, self.bias_)
-
-    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return energy(self.scorer_logits(h, z))
 
 
 def percentile_config(default: float, head: str) -> type[HeadConfig]:

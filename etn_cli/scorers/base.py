@@ -8,8 +8,9 @@ by it), ``higher_means_id`` (the score's direction, registered with
 (fitted on the pipeline's ``[data] fit`` split when there is one, otherwise on the adaptation
 split) and ``needs_classifier`` (the backbone's final layer ``weight`` (C, D), ``bias`` (C,)).
 It implements :meth:`Scorer.fit_scorer` and :meth:`Scorer.score_rows`; a scorer that changes
-the logits (ReAct, ASH, DICE, ...) also overrides :meth:`Scorer.scorer_logits`, and its
-probabilities are the softmax of those logits, as in OpenOOD.
+the logits (ReAct, ASH, DICE, ...) overrides :meth:`Scorer.scorer_logits` instead, its
+probabilities are the softmax of those logits, as in OpenOOD, and with ``energy_of_logits``
+its score is their energy, computed once per row.
 
 Learned state lives on tensors whose names end in ``_`` and is saved and restored by the base
 class, so a scorer file holds only its method.
@@ -34,6 +35,7 @@ class Scorer(Head):
     family = "posthoc"
     score_name: ClassVar[str]
     higher_means_id: ClassVar[bool] = True
+    energy_of_logits: ClassVar[bool] = False  # the score is logsumexp of ``scorer_logits``
     seed_free = True
 
     def __init_subclass__(cls, **kwargs) -> None:  # noqa: ANN003
@@ -48,7 +50,10 @@ class Scorer(Head):
         classifier (``weight``, ``bias``) or None; nothing to learn by default."""
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """The own score of each row, shape (N,)."""
+        """The own score of each row, shape (N,); for ``energy_of_logits`` scorers the energy
+        of the logits they change."""
+        if self.energy_of_logits:
+            return energy(self.scorer_logits(h, z))
         raise NotImplementedError
 
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -71,8 +76,10 @@ class Scorer(Head):
                 h[start : start + SCORE_ROWS].to(device),
                 z[start : start + SCORE_ROWS].to(device),
             )
-            logits.append(self.scorer_logits(hc, zc).double().cpu())
-            scores.append(self.score_rows(hc, zc).double().cpu())
+            changed = self.scorer_logits(hc, zc)
+            score = energy(changed) if self.energy_of_logits else self.score_rows(hc, zc)
+            logits.append(changed.double().cpu())
+            scores.append(score.double().cpu())
         probs = torch.softmax(torch.cat(logits), dim=1).numpy()  # (N, C)
         own = {self.score_name: torch.cat(scores).numpy()}
         return Prediction(probs, probability_scores(probs) | own)

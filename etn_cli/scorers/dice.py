@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from etn_cli.heads.base import HeadConfig, heads
-from etn_cli.scorers.base import Scorer, energy, linear
+from etn_cli.scorers.base import Scorer, linear
 from etn_cli.scorers.rectified import check_percent
 
 
@@ -36,6 +36,7 @@ class DICE(Scorer):
     Config = DICEConfig
     score_name = "dice"
     needs_classifier = True
+    energy_of_logits = True
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
@@ -47,6 +48,3 @@ class DICE(Scorer):
 
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return linear(h, self.weight_, self.bias_)
-
-    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return energy(self.scorer_logits(h, z))

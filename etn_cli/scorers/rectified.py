@@ -14,7 +14,7 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
-from etn_cli.scorers.base import Scorer, energy, linear
+from etn_cli.scorers.base import Scorer, linear
 
 
 def activation_percentiles(h: torch.Tensor, percents: list[float]) -> list[float]:
@@ -48,6 +48,7 @@ class ReAct(Scorer):
     Config = ReActConfig
     score_name = "react"
     needs_classifier = True
+    energy_of_logits = True
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
@@ -57,9 +58,6 @@ class ReAct(Scorer):
 
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return linear(h.clamp(max=float(self.threshold_)), self.weight_, self.bias_)
-
-    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return energy(self.scorer_logits(h, z))
 
 
 @dataclass(frozen=True)
@@ -96,6 +94,7 @@ class VRA(Scorer):
     Config = VRAConfig
     score_name = "vra"
     needs_classifier = True
+    energy_of_logits = True
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
@@ -111,6 +110,3 @@ class VRA(Scorer):
         lo, hi = (float(v) for v in self.bounds_)
         kept = torch.where(h > hi, hi, h + self.config.gamma)
         return linear(torch.where(h < lo, 0.0, kept), self.weight_, self.bias_)
-
-    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return energy(self.scorer_logits(h, z))
