@@ -92,11 +92,15 @@ def _run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **optio
 
 @app.command()
 def run(
-    pipelines: Annotated[list[Path], typer.Argument(help="Pipeline files or folders of them.")],
+    pipelines: Annotated[
+        list[Path], typer.Argument(metavar="PIPELINE", help="Pipeline files or folders of them.")
+    ],
     data_dir: DataDir = None,
     device: Device = None,
     format: FormatOption = "table",
-    metric: Annotated[str | None, typer.Option(help="Show one metric (see `etn report`).")] = None,
+    metric: Annotated[
+        str | None, typer.Option(metavar="METRIC", help="Show one metric (see `etn report`).")
+    ] = None,
     overrides: Overrides = None,
     only: Only = None,
     dry_run: Annotated[
@@ -235,16 +239,24 @@ def predict(
     pipeline: PipelineArg,
     inputs: Annotated[
         str,
-        typer.Argument(help="An image folder, a .jsonl of questions, or a split: digits:test."),
+        typer.Argument(
+            metavar="INPUTS",
+            help="An image folder, a .jsonl of questions, or a split: digits:test.",
+        ),
     ],
-    head: Annotated[str, typer.Option(help="Head name, report label or folder name.")] = "etn",
-    seed: Annotated[int, typer.Option(help="The seed of the trained head.")] = 0,
-    out: Annotated[Path, typer.Option("--out", "-o", help="A .parquet or .csv file.")] = Path(
-        "predictions.parquet"
-    ),
+    head: Annotated[
+        str, typer.Option(metavar="HEAD", help="Head name, report label or folder name.")
+    ] = "etn",
+    seed: Annotated[int, typer.Option(metavar="SEED", help="The seed of the trained head.")] = 0,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="FILE", help="A .parquet or .csv file.")
+    ] = Path("predictions.parquet"),
     threshold: Annotated[
         list[str] | None,
-        typer.Option(help="SCORE=VALUE, repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5."),
+        typer.Option(
+            metavar="SCORE=VALUE",
+            help="Repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5.",
+        ),
     ] = None,
     data_dir: DataDir = None,
     device: Device = None,
@@ -270,15 +282,19 @@ def predict(
 def report(
     sources: Annotated[
         list[Path],
-        typer.Argument(help="Pipeline files (their current results) or metrics *.parquet files."),
+        typer.Argument(
+            metavar="SOURCE",
+            help="Pipeline files (their current results) or metrics *.parquet files.",
+        ),
     ],
     data_dir: DataDir = None,
     format: FormatOption = "table",
     metric: Annotated[
         str | None,
         typer.Option(
+            metavar="METRIC",
             help="One metric's full table: aupr, auroc, fpr95, aupr_in, aupr_out (per score), "
-            "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR)."
+            "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR).",
         ),
     ] = None,
     overrides: Overrides = None,
@@ -342,8 +358,12 @@ def verify(
 
 @app.command("ls")
 def list_names(
-    what: Annotated[str, typer.Argument(help="heads, backbones, datasets or pipelines.")],
-    folder: Annotated[Path, typer.Option(help="Where to look for pipelines.")] = Path("pipelines"),
+    what: Annotated[
+        str, typer.Argument(metavar="WHAT", help="heads, backbones, datasets or pipelines.")
+    ],
+    folder: Annotated[
+        Path, typer.Option(metavar="DIR", help="Where to look for pipelines.")
+    ] = Path("pipelines"),
 ) -> None:
     """List the registered heads (with their family and needs), backbones, datasets, or the
     pipeline files in a folder."""
