@@ -78,16 +78,21 @@ def _plan(pipeline: Path, data_dir: Path | None, overrides=None, only=None, read
         return make_plan(loaded, resolve_data_dir(data_dir))
 
 
-def _device(plan, device: str | None) -> str:  # noqa: ANN001
+def _plan_on(pipeline: Path, data_dir, device, overrides=None, only=None):  # noqa: ANN001, ANN202
+    """The plan and the checked device of a command that builds: a device this machine lacks
+    is refused before planning, which may already train a backbone."""
+    from etn_cli.pipeline import load_pipeline
     from etn_cli.stages.run import resolve_device
 
-    return resolve_device(device or plan.pipeline.device)
+    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    dev = resolve_device(device or loaded.device)
+    return _plan(pipeline, data_dir, overrides, only), dev
 
 
 def _run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
     """Plan the pipeline, run one stage on it and print what it built and skipped."""
-    plan = _plan(pipeline, data_dir, overrides, only)
-    typer.echo(stage(plan, device=_device(plan, device), **options).summary())
+    plan, dev = _plan_on(pipeline, data_dir, device, overrides, only)
+    typer.echo(stage(plan, device=dev, **options).summary())
 
 
 @app.command()
@@ -165,13 +170,13 @@ def finetune(
 
     refuse_under_torchrun("finetune")
     progress.configure(quiet=quiet, verbose=verbose)
-    plan = _plan(pipeline, data_dir, overrides)
+    plan, dev = _plan_on(pipeline, data_dir, device, overrides)
     if plan.finetune is None:
         raise EtnError(
             f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
             '(e.g. [finetune] split = "train") or run `etn extract`.'
         )
-    typer.echo(run_finetune(plan, device=_device(plan, device), force=force).summary())
+    typer.echo(run_finetune(plan, device=dev, force=force).summary())
 
 
 @app.command()
@@ -190,8 +195,8 @@ def extract(
     from etn_cli.stages.extract import extract as run_extract
 
     progress.configure(quiet=quiet, verbose=verbose)
-    plan = _plan(pipeline, data_dir, overrides)
-    summary = run_extract(plan, device=_device(plan, device)).summary()
+    plan, dev = _plan_on(pipeline, data_dir, device, overrides)
+    summary = run_extract(plan, device=dev).summary()
     if is_main_process():
         typer.echo(summary)
 
@@ -273,9 +278,9 @@ def predict(
     refuse_under_torchrun("predict")
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
-    plan = _plan(pipeline, data_dir, overrides)
+    plan, dev = _plan_on(pipeline, data_dir, device, overrides)
     options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
-    typer.echo(run_predict(plan, inputs, device=_device(plan, device), **options).summary())
+    typer.echo(run_predict(plan, inputs, device=dev, **options).summary())
 
 
 @app.command()

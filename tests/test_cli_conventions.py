@@ -151,6 +151,12 @@ def test_device_cuda_without_a_gpu_says_what_to_use_instead(project: Path, tmp_p
     one_line_usage_error(done)
     assert "no CUDA GPU" in done.stderr and "--device cpu" in done.stderr
     assert not (tmp_path / "d").exists()
+    # planning the digits pipeline would train its CNN: the device is refused before that
+    for command in ("run", "extract"):
+        digits = REPO / "pipelines" / "digits.toml"
+        done = etn(command, digits, "--device", "cuda:1", "-d", tmp_path / "d")
+        one_line_usage_error(done)
+        assert "no CUDA GPU" in done.stderr and not (tmp_path / "d").exists()
 
 
 def test_help_version_and_completion_are_there() -> None:

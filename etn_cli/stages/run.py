@@ -141,8 +141,10 @@ def run_many(
     errors = []
     for path in files:
         try:
+            loaded = load_pipeline(path, options.overrides, options.only)
+            resolve_device(device or loaded.device)  # a missing GPU stops the batch up front
             with read_only():  # checking builds nothing; the run below does
-                make_plan(load_pipeline(path, options.overrides, options.only), data_dir)
+                make_plan(loaded, data_dir)
         except EtnError as err:
             errors.append(str(err))
     if errors:
