@@ -82,10 +82,11 @@ def _plan_on(pipeline: Path, data_dir, device, overrides=None, only=None):  # no
     """The plan and the checked device of a command that builds: a device this machine lacks
     is refused before planning, which may already train a backbone."""
     from etn_cli.pipeline import load_pipeline
-    from etn_cli.stages.run import resolve_device
+    from etn_cli.stages.run import ensure_data_dir, resolve_device
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     dev = resolve_device(device or loaded.device)
+    ensure_data_dir(resolve_data_dir(data_dir))
     return _plan(pipeline, data_dir, overrides, only), dev
 
 
