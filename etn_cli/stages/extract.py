@@ -6,7 +6,8 @@ thread runs the next batch, with a bounded queue between them so memory stays fl
 the same writing runs inline (:func:`shard_sink`). An error in the
 writer thread is raised again in the main thread, and no error leaves a split folder under its
 final name. Extraction resumes at shard granularity: every finished shard is journaled in the
-split's private folder (:mod:`etn_cli.store.journal`), a run killed at any moment leaves them
+split's private folder (:mod:`~etn_cli.store.writing.journal`), a
+run killed at any moment leaves them
 there, and the next run adopts them and skips the batches they hold (the batch order is
 deterministic and shards end at batch boundaries, so the result equals an uninterrupted run).
 Refused data (NaN, wrong shapes) discards the private folder. Backbones run their forward
@@ -38,12 +39,13 @@ from etn_cli.heads.training import progress
 from etn_cli.plan import FeatureUnit, Plan, open_source
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
+from etn_cli.store.artefacts.classifier import save_classifier
 from etn_cli.store.atomic import unit_lock
-from etn_cli.store.checks import to_numpy
 from etn_cli.store.fingerprint import canonical_json
-from etn_cli.store.manifest import split_is_complete
-from etn_cli.store.shards import ShardWriter, save_classifier
 from etn_cli.store.storage import ensure_writable, explained_storage_errors
+from etn_cli.store.writing.checks import to_numpy
+from etn_cli.store.writing.manifest import split_is_complete
+from etn_cli.store.writing.writer import ShardWriter
 
 QUEUE_BATCHES = 4  # batches waiting for the writer: enough to smooth bursts, little memory
 POLL_SECONDS = 0.1

@@ -3,8 +3,8 @@
 A rank reads only the batches of its pieces that no earlier run finished
 (:func:`batches_in`), runs the backbone on them and hands the outputs to the shard writer (a
 thread on a GPU, :func:`~etn_cli.stages.extract.shard_sink`) that fills one
-:class:`~etn_cli.store.shards.ShardWriter` per piece (:class:`PieceWriter`) and publishes each
-piece as soon as its last batch is in, so a killed run keeps every finished piece.
+:class:`~etn_cli.store.writing.writer.ShardWriter` per piece (:class:`PieceWriter`) and
+publishes each piece as soon as its last batch is in, so a killed run keeps every finished piece.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from etn_cli.plan import FeatureUnit, Plan, open_source
 from etn_cli.provenance import provenance
 from etn_cli.stages.extract import batches_of, forward_into, shard_sink, sliced_loader
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
-from etn_cli.store.pieces import Layout, Piece, pieces_folder, reusable
-from etn_cli.store.shards import ShardWriter
+from etn_cli.store.writing.pieces import Layout, Piece, pieces_folder, reusable
+from etn_cli.store.writing.writer import ShardWriter
 
 
 class RefusedData(EtnError):

@@ -3,7 +3,7 @@
 Every rank walks the plan's feature splits in the same order. For each one, rank 0 takes the
 split's lock, decides whether it needs work (a finished split is skipped by every rank), clears
 pieces of another layout and tells the others how the split is shared out
-(:class:`~etn_cli.store.pieces.Layout`). Each rank then writes its pieces, reusing the finished
+(:class:`~etn_cli.store.Layout`). Each rank then writes its pieces, reusing the finished
 ones a killed run left; the ranks tell each other whether they succeeded, and rank 0 merges the
 pieces into the split folder, writes its one manifest and publishes it. A failure on any rank
 makes every rank raise one line and publishes nothing: the pieces stay for the next run, except
@@ -30,9 +30,9 @@ from etn_cli.stages.extract_pieces import RefusedData, write_pieces
 from etn_cli.stages.result import StageResult
 from etn_cli.store.atomic import remove_partials, unit_lock
 from etn_cli.store.fingerprint import canonical_json
-from etn_cli.store.manifest import split_is_complete
-from etn_cli.store.pieces import Layout, merge_pieces, pieces_folder, prune
 from etn_cli.store.storage import ensure_writable, is_storage_error, storage_error
+from etn_cli.store.writing.manifest import split_is_complete
+from etn_cli.store.writing.pieces import Layout, merge_pieces, pieces_folder, prune
 
 
 def extract_on_ranks(plan: Plan, device: str, result: StageResult, world: World) -> None:

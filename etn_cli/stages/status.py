@@ -14,9 +14,9 @@ from pathlib import Path
 
 from etn_cli.plan import Plan
 from etn_cli.store.atomic import is_locked, partial_folders
-from etn_cli.store.journal import peek_journal
-from etn_cli.store.leftovers import TMP_FILE
-from etn_cli.store.manifest import load_manifest, split_is_complete
+from etn_cli.store.maintenance.leftovers import TMP_FILE
+from etn_cli.store.writing.journal import peek_journal
+from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
 STATES = ("done", "partial", "missing")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.store.atomic import LOCK_SUFFIX, OLD_TAG, PARTIAL_TAG, is_locked, unit_lock
-from etn_cli.store.journal import peek_journal
+from etn_cli.store.writing.journal import peek_journal
 
 TMP_FILE = re.compile(r"^\.(?P<unit>.+)\.[0-9a-f]{8}\.tmp$")
 UNLOCKED_MIN_AGE_S = 3600  # a leftover without a lock is only removed once this old

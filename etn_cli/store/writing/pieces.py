@@ -31,16 +31,16 @@ import numpy as np
 
 from etn_cli.errors import EtnError
 from etn_cli.store.atomic import PARTIAL_TAG, new_partial, publish
-from etn_cli.store.checks import check_unique_index
 from etn_cli.store.fingerprint import file_sha256
-from etn_cli.store.manifest import (
+from etn_cli.store.writing.checks import check_unique_index
+from etn_cli.store.writing.manifest import (
     MANIFEST_NAME,
     SHARD_NAME,
     build_manifest,
     load_manifest,
     save_manifest,
 )
-from etn_cli.store.shardfile import open_shard, read_index, write_shard
+from etn_cli.store.writing.shardfile import open_shard, read_index, write_shard
 
 PIECES_TAG = f"{PARTIAL_TAG}ranks"
 RETRY = "Run the same torchrun command again; finished pieces are reused."
