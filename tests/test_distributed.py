@@ -23,7 +23,7 @@ from cli_runner import checksums, etn, fresh_data
 from torch.utils.data import DataLoader, Dataset
 
 from etn_cli.errors import EtnError
-from etn_cli.stages.extract_pieces import batches_in
+from etn_cli.stages.extract_batches import batches_in
 from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.verify import verify
 from etn_cli.store import ShardWriter, read_split

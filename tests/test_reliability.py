@@ -30,7 +30,7 @@ from etn_cli import plan as plan_module
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan
-from etn_cli.stages.extract import remaining_batches, tail_loader
+from etn_cli.stages.extract_batches import remaining_batches, tail_loader
 from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.status import render_status, status
 from etn_cli.stages.train import train

@@ -18,6 +18,7 @@ from fixtures.make_store_687f761 import (
     BATCH,
     FEATURES,
     SHARD_ROWS,
+    SPLITS,
     arrays,
     batches,
     classifier,
@@ -28,7 +29,18 @@ from fixtures.make_store_687f761 import (
 from etn_cli.heads import Head
 from etn_cli.stages.report import report_files
 from etn_cli.stages.verify import verify
-from etn_cli.store import ShardWriter, check_head_folder, load_classifier, read_split
+from etn_cli.store import (
+    Layout,
+    PieceWriter,
+    ShardWriter,
+    check_head_folder,
+    fingerprint_key,
+    load_classifier,
+    merge_pieces,
+    pieces_folder,
+    read_split,
+    reusable,
+)
 
 ARCHIVE = Path(__file__).parent / "fixtures" / "store-687f761.tar.gz"
 
@@ -100,3 +112,19 @@ def test_an_extraction_killed_before_resumes_from_its_journaled_shard(old: Path)
     manifest = assert_holds(path, "resumed")
     assert manifest["resumed"] == {"shards": 1, "rows": 8, "batches": 2}
     assert (path / "shard-00000.h5").stat().st_ino == kept  # adopted, not rewritten
+
+
+def test_pieces_a_killed_torchrun_left_before_are_reused_and_merged(old: Path) -> None:
+    path = old / FEATURES / folder_name("merged")
+    folder, layout = pieces_folder(path), Layout(SPLITS["merged"], BATCH, SHARD_ROWS, 2)
+    key = fingerprint_key(fingerprint("merged"))
+    assert all(reusable(folder, piece, key) for piece in layout.pieces(1))
+    kept = (folder / "shard-00001.batches-2-4" / "shard-00000.h5").stat().st_ino
+    rank0 = layout.pieces(0)  # the rank that was killed before it finished a piece
+    with PieceWriter(folder, rank0, fingerprint("merged"), {}) as writer:
+        for batch in batches("merged")[: sum(piece.batches for piece in rank0)]:
+            writer.append(*batch)
+    merge_pieces(path, layout, fingerprint("merged"), {}, {})
+    assert_holds(path, "merged")
+    assert (path / "shard-00001.h5").stat().st_ino == kept  # linked, not rewritten
+    assert not folder.exists()

@@ -18,7 +18,8 @@ dataset, split) as ``shard-00000.h5``, ``shard-00001.h5``, ... and ``manifest.js
 * ``manifest`` ``manifest.json``, written last, so a split folder that exists is complete.
 * ``writer`` :class:`ShardWriter`: batches in, shards and manifest out, in a private folder.
 * ``journal`` a killed extraction resumes at its last finished shard.
-* ``pieces`` under torchrun: each rank's pieces of a split, and their merge into one.
+* ``pieces`` under torchrun: how a split is shared out in pieces, and one rank's writer.
+* ``merge`` rank 0 merges every rank's pieces into the split a single process would write.
 
 **Reading a split** (:mod:`etn_cli.store.reading`)
 
@@ -59,6 +60,7 @@ from etn_cli.store.maintenance.leftovers import (
     Leftover,
     clean_leftover,
     find_leftovers,
+    peek_partial,
 )
 from etn_cli.store.reading.consistency import check_splits, check_varies
 from etn_cli.store.reading.reader import Features, check_split, read_split, write_manifest
@@ -75,10 +77,12 @@ from etn_cli.store.writing.manifest import (
     load_manifest,
     split_is_complete,
 )
+from etn_cli.store.writing.merge import merge_pieces
 from etn_cli.store.writing.pieces import (
     Layout,
     Piece,
-    merge_pieces,
+    PieceWriter,
+    piece_index,
     pieces_folder,
     prune,
     reusable,
@@ -92,6 +96,7 @@ __all__ = [
     "Layout",
     "Leftover",
     "Piece",
+    "PieceWriter",
     "ShardWriter",
     "atomic_dir",
     "atomic_write_bytes",
@@ -115,6 +120,8 @@ __all__ = [
     "merge_pieces",
     "partial_folders",
     "peek_journal",
+    "peek_partial",
+    "piece_index",
     "pieces_folder",
     "prune",
     "read_json_object",

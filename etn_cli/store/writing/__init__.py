@@ -5,5 +5,6 @@ In the order a split is written: :mod:`.checks` checks each batch at the boundar
 :mod:`.shardfile` writes byte-identically for the same arrays; :mod:`.journal` records each
 finished shard so that a killed run resumes there; :mod:`.manifest` is written last, and the
 private folder is then renamed into place (:mod:`etn_cli.store.atomic`). Under torchrun each rank
-writes pieces of the split instead, merged into the same folder by rank 0 (:mod:`.pieces`).
+writes pieces of the split instead (:mod:`.pieces`), which rank 0 merges into the same folder
+(:mod:`.merge`).
 """
