@@ -85,9 +85,12 @@ def extract_unit(
             return
         layout, started = claimed.layout, time.perf_counter()
         fields = functools.partial(manifest_fields, plan, unit, layout, world, started)
-        share = (plan, unit, layout, split, backbone, device, world, fields)
+
+        def write() -> dict[str, Any]:
+            return write_share(plan, unit, layout, split, backbone, device, world, fields)
+
         with result.build(unit.path, split_name(unit), claimed.reason, quiet=quiet):
-            publish_split(unit, layout, world, functools.partial(write_share, *share), fields)
+            publish_split(unit, layout, world, write, fields)
 
 
 def write_share(
