@@ -49,24 +49,40 @@ def load_plan(
         return make_plan(loaded, resolve_data_dir(data_dir))
 
 
-def stage_device(plan: Any, device: str | None) -> str:
-    from etn_cli.stages.run import resolve_device
+def plan_on(
+    pipeline: Path,
+    data_dir: Path | None,
+    device: str | None,
+    overrides: list[str] | None = None,
+    only: str | None = None,
+) -> tuple[Any, str]:
+    """The plan and the checked device of a command that builds: a device this machine lacks
+    is refused before planning, which may already train a backbone."""
+    from etn_cli.pipeline import load_pipeline
+    from etn_cli.stages.run import ensure_data_dir, resolve_device
 
-    return resolve_device(device or plan.pipeline.device)
+    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    dev = resolve_device(device or loaded.device)
+    ensure_data_dir(resolve_data_dir(data_dir))
+    return load_plan(pipeline, data_dir, overrides, only), dev
 
 
 def run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
     """Plan the pipeline, run one stage on it and print what it built and skipped."""
-    plan = load_plan(pipeline, data_dir, overrides, only)
-    typer.echo(stage(plan, device=stage_device(plan, device), **options).summary())
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
+    typer.echo(stage(plan, device=dev, **options).summary())
 
 
 def run(
-    pipelines: Annotated[list[Path], typer.Argument(help="Pipeline files or folders of them.")],
+    pipelines: Annotated[
+        list[Path], typer.Argument(metavar="PIPELINE", help="Pipeline files or folders of them.")
+    ],
     data_dir: DataDir = None,
     device: Device = None,
     format: FormatOption = "table",
-    metric: Annotated[str | None, typer.Option(help="Show one metric (see `etn report`).")] = None,
+    metric: Annotated[
+        str | None, typer.Option(metavar="METRIC", help="Show one metric (see `etn report`).")
+    ] = None,
     overrides: Overrides = None,
     only: Only = None,
     dry_run: Annotated[
@@ -130,13 +146,13 @@ def finetune(
 
     refuse_under_torchrun("finetune")
     progress.configure(quiet=quiet, verbose=verbose)
-    plan = load_plan(pipeline, data_dir, overrides)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides)
     if plan.finetune is None:
         raise EtnError(
             f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
             '(e.g. [finetune] split = "train") or run `etn extract`.'
         )
-    typer.echo(run_finetune(plan, device=stage_device(plan, device), force=force).summary())
+    typer.echo(run_finetune(plan, device=dev, force=force).summary())
 
 
 def extract(
@@ -154,8 +170,8 @@ def extract(
     from etn_cli.stages.extract import extract as run_extract
 
     progress.configure(quiet=quiet, verbose=verbose)
-    plan = load_plan(pipeline, data_dir, overrides)
-    summary = run_extract(plan, device=stage_device(plan, device)).summary()
+    plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    summary = run_extract(plan, device=dev).summary()
     if is_main_process():
         typer.echo(summary)
 
@@ -200,16 +216,24 @@ def predict(
     pipeline: PipelineArg,
     inputs: Annotated[
         str,
-        typer.Argument(help="An image folder, a .jsonl of questions, or a split: digits:test."),
+        typer.Argument(
+            metavar="INPUTS",
+            help="An image folder, a .jsonl of questions, or a split: digits:test.",
+        ),
     ],
-    head: Annotated[str, typer.Option(help="Head name, report label or folder name.")] = "etn",
-    seed: Annotated[int, typer.Option(help="The seed of the trained head.")] = 0,
-    out: Annotated[Path, typer.Option("--out", "-o", help="A .parquet or .csv file.")] = Path(
-        "predictions.parquet"
-    ),
+    head: Annotated[
+        str, typer.Option(metavar="HEAD", help="Head name, report label or folder name.")
+    ] = "etn",
+    seed: Annotated[int, typer.Option(metavar="SEED", help="The seed of the trained head.")] = 0,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="FILE", help="A .parquet or .csv file.")
+    ] = Path("predictions.parquet"),
     threshold: Annotated[
         list[str] | None,
-        typer.Option(help="SCORE=VALUE, repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5."),
+        typer.Option(
+            metavar="SCORE=VALUE",
+            help="Repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5.",
+        ),
     ] = None,
     data_dir: DataDir = None,
     device: Device = None,
@@ -226,6 +250,6 @@ def predict(
     refuse_under_torchrun("predict")
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
-    plan = load_plan(pipeline, data_dir, overrides)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides)
     options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
-    typer.echo(run_predict(plan, inputs, device=stage_device(plan, device), **options).summary())
+    typer.echo(run_predict(plan, inputs, device=dev, **options).summary())

@@ -30,15 +30,19 @@ LISTINGS = ("heads", "backbones", "datasets", "pipelines")
 def report(
     sources: Annotated[
         list[Path],
-        typer.Argument(help="Pipeline files (their current results) or metrics *.parquet files."),
+        typer.Argument(
+            metavar="SOURCE",
+            help="Pipeline files (their current results) or metrics *.parquet files.",
+        ),
     ],
     data_dir: DataDir = None,
     format: FormatOption = "table",
     metric: Annotated[
         str | None,
         typer.Option(
+            metavar="METRIC",
             help="One metric's full table: aupr, auroc, fpr95, aupr_in, aupr_out (per score), "
-            "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR)."
+            "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR).",
         ),
     ] = None,
     overrides: Overrides = None,
@@ -100,8 +104,12 @@ def verify(
 
 
 def list_names(
-    what: Annotated[str, typer.Argument(help="heads, backbones, datasets or pipelines.")],
-    folder: Annotated[Path, typer.Option(help="Where to look for pipelines.")] = Path("pipelines"),
+    what: Annotated[
+        str, typer.Argument(metavar="WHAT", help="heads, backbones, datasets or pipelines.")
+    ],
+    folder: Annotated[
+        Path, typer.Option(metavar="DIR", help="Where to look for pipelines.")
+    ] = Path("pipelines"),
 ) -> None:
     """List the registered heads (with their family and needs), backbones, datasets, or the
     pipeline files in a folder."""

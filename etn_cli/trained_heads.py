@@ -59,7 +59,8 @@ def pipeline_head(plan: Plan, head: str, seed: int) -> HeadUnit:
         choices = sorted({u.head.name for u in plan.heads} | {u.label for u in plan.heads})
         close = difflib.get_close_matches(head, choices, n=3, cutoff=0.5)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise EtnError(f"Pipeline {where} has no head {head!r}.{hint} Its heads: {choices}")
+        names = ", ".join(sorted({u.head.name for u in plan.heads}))
+        raise EtnError(f"Pipeline {where} has no head {head!r}.{hint} Its heads: {names}.")
     units = [u for u in named if u.seed == seed]
     if not units:
         seeds = sorted({u.seed for u in named})

@@ -56,9 +56,9 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
     rows = [(u.kind, u.name, u.state, u.detail, _relative(u.path, plan)) for u in units]
     if fmt != "table":
         return _status_rows(header, rows, fmt)
-    rows = [header, *rows]
+    rows = [header[:4], *(row[:4] for row in rows)]  # paths: --format csv/json (too wide here)
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[4]])
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]  # fmt: skip
     counts = {state: sum(u.state == state for u in units) for state in STATES}
     summary = f"{plan.pipeline.name}: {len(units)} units, " + ", ".join(
@@ -68,7 +68,9 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
         summary += f"; `etn run {_shown(plan.pipeline.path)}` builds the rest"
     if not plan.data_dir.is_dir():
         summary += f" (no data directory at {plan.data_dir} yet)"
-    return "\n".join([*lines, summary])
+        return "\n".join([*lines, summary])
+    where = f"data directory {plan.data_dir} (--format csv or json adds each unit's path)"
+    return "\n".join([where, *lines, summary])
 
 
 def _status_rows(header: tuple[str, ...], rows: list[tuple[str, ...]], fmt: str) -> str:
