@@ -14,9 +14,8 @@ from pathlib import Path
 
 from etn_cli.plan import Plan
 from etn_cli.store.atomic import is_locked, partial_folders
-from etn_cli.store.journal import peek_journal
-from etn_cli.store.leftovers import TMP_FILE
-from etn_cli.store.manifest import load_manifest, split_is_complete
+from etn_cli.store.maintenance.leftovers import TMP_FILE, peek_partial
+from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
 STATES = ("done", "partial", "missing")
 
@@ -102,7 +101,7 @@ def _features(name: str, path: Path, plan: Plan) -> UnitStatus:
     folders = partial_folders(path)
     if not folders:
         return UnitStatus("features", name, "missing", "", path)
-    journals = [j for j in (peek_journal(folder) for folder in folders) if j is not None]
+    journals = [j for j in (peek_partial(folder) for folder in folders) if j is not None]
     shards, rows = max(journals, default=(0, 0))
     detail = f"{shards} shard(s), {rows} rows done so far, {_holder(path)}"
     return UnitStatus("features", name, "partial", detail, path)
