@@ -11,7 +11,7 @@ in the same run, so the ratio says what a head costs on top of reading the backb
 The first optimizer a process creates imports ``torch._dynamo`` (about 2 s, once per
 process, whatever the head); the script imports it up front so that no head is charged for it.
 
-The post-hoc scorers (``etn_cli/scorers``) are timed by ``bench_scorers.py``: with
+The post-hoc scorers (``etn_cli/heads/scorers``) are timed by ``bench_scorers.py``: with
 ``--shape imagenet`` this script runs it too, with ``--fit-rows`` (128,000) ID rows.
 
 ``--shape imagenet`` (10,000 x 2,048, C = 1,000) and ``--shape llm`` (5,000 x 4,096, C = 4)
@@ -34,7 +34,7 @@ import torch._dynamo  # noqa: F401 - see below
 
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads
-from etn_cli.scorers.base import Scorer
+from etn_cli.heads.scorers.base import Scorer
 
 SCORERS = [n for n in heads.names() if issubclass(heads.get(n), Scorer)]
 

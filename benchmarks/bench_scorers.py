@@ -32,8 +32,8 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads
-from etn_cli.scorers.base import Scorer
-from etn_cli.scorers.neighbours import normalise, top_inner_products
+from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.neighbours import normalise, top_inner_products
 
 TEST_ROWS, DIM, CLASSES = 10_000, 2048, 1000
 

@@ -17,14 +17,15 @@ gives a new key, and a rerun finds the finished units and skips them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import HEAD_FORMAT, Head
+from etn_cli.heads.base import HEAD_FORMAT
 from etn_cli.pipeline import HeadSpec, Pipeline
+from etn_cli.plan_own import own_features
+from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
@@ -35,88 +36,10 @@ FINETUNE_VERSION = 1
 RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
 
 
-@dataclass
-class FeatureUnit:
-    """One (backbone, dataset, split) of cached features."""
-
-    role: str  # "adapt", "fit", "test" or "ood"
-    name: str  # the eval-set name in reports
-    path: Path
-    dataset: str = ""
-    split: str = ""
-    fingerprint: dict[str, Any] | None = None  # None: the user's own shards
-    rows: int | None = None  # extract a seeded subsample of this many rows (``fit_rows``)
-
-    @property
-    def key(self) -> str:
-        """The content key: the user's shards' checksum key, or the suffix etn named it by."""
-        if self.fingerprint is not None and "byof" in self.fingerprint:
-            return self.fingerprint["byof"]
-        return self.path.name.rsplit("-", 1)[-1]
-
-
-@dataclass
-class FinetuneUnit:
-    """Stage zero: the backbone trained on one split, in a content-keyed folder."""
-
-    path: Path
-    key: str
-    dataset: str
-    split: str
-    settings: dict[str, Any]
-    fingerprint: dict[str, Any]
-
-
-@dataclass
-class HeadUnit:
-    spec_index: int
-    head: Head
-    seed: int
-    label: str
-    path: Path
-    key: str
-
-
-@dataclass
-class MetricsUnit:
-    head: HeadUnit
-    path: Path
-    key: str
-
-
-@dataclass
-class Plan:
-    pipeline: Pipeline
-    data_dir: Path
-    backbone_name: str
-    id_dataset: str
-    adapt: FeatureUnit
-    test: FeatureUnit
-    ood: list[FeatureUnit]
-    classifier_path: Path | None
-    fit: FeatureUnit | None = None  # ID statistics' split (``[data] fit``), if any
-    groups: dict[str, str] = field(default_factory=dict)  # OOD eval set -> its group
-    backbone: Any = None  # the (not yet loaded) Backbone when etn extracts
-    finetune: FinetuneUnit | None = None  # when the pipeline has a [finetune] table
-    heads: list[HeadUnit] = field(default_factory=list)
-    metrics: list[MetricsUnit] = field(default_factory=list)
-
-    @property
-    def feature_units(self) -> list[FeatureUnit]:
-        return [self.adapt, *([self.fit] if self.fit else []), self.test, *self.ood]
-
-    def fit_unit(self, head: Any) -> FeatureUnit:
-        """The split ``head`` is fitted on: ``fit`` for heads that estimate ID statistics
-        when the pipeline has one, the adaptation split otherwise."""
-        return self.fit if self.fit is not None and head.needs_id_statistics else self.adapt
-
-
 def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
     data_dir = Path(data_dir).resolve()
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
-    from etn_cli.plan_own import own_features
-
     plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
     plan.heads = _head_units(plan)
     plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
@@ -164,8 +87,9 @@ def _check_names(pipeline: Pipeline) -> None:
     for spec in pipeline.heads:
         try:
             heads.get(spec.name)(**spec.settings)
-        except EtnError as err:
-            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {err}") from None
+        except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
+            message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
+            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
     data = pipeline.data
     if data is not None:
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:
@@ -266,11 +190,6 @@ def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> Finetun
     key = fingerprint_key(fp)
     path = data_dir / "backbones" / f"{pipeline.backbone}-finetune-{key}"
     return FinetuneUnit(path, key, data.id, spec.split, dict(spec.settings), fp)
-
-
-def group_of(groups: dict[str, list[str]], names: dict[str, str]) -> dict[str, str]:
-    """OOD eval-set name -> its group, from ``[data.groups]`` (entries as written in ``ood``)."""
-    return {names[entry]: group for group, entries in groups.items() for entry in entries}
 
 
 def head_label(spec: HeadSpec, head: Any) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import Pipeline
-from etn_cli.plan import FeatureUnit, Plan, group_of
+from etn_cli.plan_units import FeatureUnit, Plan, group_of
 from etn_cli.store.fingerprint import fingerprint_key
 
 

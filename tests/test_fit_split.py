@@ -13,7 +13,7 @@ import pytest
 from cli_runner import etn
 
 from etn_cli.datasets.digits import id_split_rows
-from etn_cli.store.shards import read_split
+from etn_cli.store.reading.reader import read_split
 
 PIPELINE = """
 name = "fitted"

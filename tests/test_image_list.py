@@ -97,7 +97,7 @@ def test_the_openood_cifar10_pipeline_plans_on_a_standin(tmp_path: Path) -> None
 
 def test_the_openood_imagenet_pipeline_lists_every_scorer_and_group() -> None:
     from etn_cli.heads import heads
-    from etn_cli.scorers.base import Scorer
+    from etn_cli.heads.scorers.base import Scorer
 
     pipeline = load_pipeline(REPO / "pipelines" / "openood_imagenet.toml")
     names = {spec.name for spec in pipeline.heads}

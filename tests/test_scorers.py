@@ -12,7 +12,7 @@ from scipy.special import logsumexp, softmax
 
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads
-from etn_cli.scorers.base import Scorer
+from etn_cli.heads.scorers.base import Scorer
 from tests.scorer_data import make_scorer_data
 
 SCORERS = sorted(n for n in heads.names() if issubclass(heads.get(n), Scorer))

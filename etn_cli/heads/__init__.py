@@ -18,7 +18,7 @@ from etn_cli.heads import (  # noqa: F401
     static,
 )
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
-from etn_cli.scorers.catalogue import ALIASES  # noqa: E402 - registers the post-hoc scorers
+from etn_cli.heads.scorers.catalogue import ALIASES  # noqa: E402 - registers the post-hoc scorers
 
 for _alias, _name in ALIASES.items():
     heads.alias(_alias, _name)

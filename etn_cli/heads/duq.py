@@ -107,6 +107,7 @@ class DUQ(Head):
     name = "duq"
     label = "DUQ (head)"
     family = "deterministic"
+    own_score = "kernel"  # max_c K_c, higher = ID
     Config = DUQConfig
 
     def _build(self, n_features: int, n_classes: int) -> None:

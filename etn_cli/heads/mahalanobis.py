@@ -14,8 +14,13 @@ import numpy as np
 import torch
 
 from etn_cli.heads.base import Head, Prediction, heads
+from etn_cli.heads.scorers.statistics import (
+    class_means,
+    precision,
+    squared_distances,
+    tied_covariance,
+)
 from etn_cli.metrics.scores import probability_scores
-from etn_cli.scorers.statistics import class_means, precision, squared_distances, tied_covariance
 
 
 @heads.register("mahalanobis")

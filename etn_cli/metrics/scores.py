@@ -21,7 +21,7 @@ HIGHER_MEANS_ID: dict[str, bool] = {
     "md": True,  # Mahalanobis score, reported as the negative distance
     "energy": True,  # logsumexp of the logits
     "kernel": True,  # DUQ's largest RBF kernel value max_c K_c
-}  # the post-hoc scorers (etn_cli/scorers) add their own scores with register_score
+}  # the post-hoc scorers (etn_cli/heads/scorers) add their own scores with register_score
 
 
 def register_score(name: str, higher_means_id: bool) -> None:

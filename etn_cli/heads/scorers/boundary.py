@@ -1,0 +1,99 @@
+"""Scorers that read the predicted class's geometry: fDBD, SHE and GradNorm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from etn_cli.errors import EtnError
+from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.scorers.base import Scorer
+
+
+@heads.register("fdbd")
+class FDBD(Scorer):
+    """fDBD (Liu & Qin, "Fast Decision Boundary based Out-of-Distribution Detector", ICML
+    2024): the mean distance from the feature to the decision boundaries between the predicted
+    class ``k`` and each other class ``i``, ``|z_k - z_i| / ||w_k - w_i||`` (the logit gap is
+    ``(w_k - w_i)^T h + b_k - b_i``), divided by the feature's distance to the ID mean:
+    ``fdbd = sum_{i != k} |z_k - z_i| / ||w_k - w_i|| / ((C - 1) ||h - mu_ID||)``, higher = more
+    ID (the paper's distance-normalised variant, its and OpenOOD's default)."""
+
+    name = "fdbd"
+    label = "fDBD"
+    score_name = "fdbd"
+    needs_classifier = True
+    needs_id_statistics = True
+
+    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+        self.mean_ = h.double().mean(0)
+        w = classifier["weight"].double()
+        gaps = torch.cdist(w, w)  # ||w_k - w_i|| (C, C)
+        self.gap_norms_ = gaps.fill_diagonal_(1.0)  # the predicted class's own term is 0
+
+    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        z = z.double()
+        top, predicted = z.max(dim=1)
+        boundary = ((top[:, None] - z) / self.gap_norms_[predicted]).sum(1)
+        spread = (h.double() - self.mean_).norm(dim=1).clamp_min(1e-12)
+        return boundary / ((z.shape[1] - 1) * spread)
+
+
+@heads.register("she")
+class SHE(Scorer):
+    """SHE, simplified Hopfield energy (Zhang et al., "Out-of-Distribution Detection based on
+    In-Distribution Data Patterns Memorization with Modern Hopfield Energy", ICLR 2023): the
+    stored pattern of class c is the mean feature of the ID rows of class c that the backbone
+    classifies correctly; ``she = h^T S_k`` with k the predicted class, higher = more ID."""
+
+    name = "she"
+    label = "SHE"
+    score_name = "she"
+    needs_id_statistics = True
+
+    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+        correct = z.argmax(dim=1) == y
+        counts = torch.bincount(y[correct], minlength=z.shape[1])
+        if (counts == 0).any():
+            missing = torch.nonzero(counts == 0).flatten()[:10].tolist()
+            raise EtnError(
+                f"SHE stores the mean of the correctly classified ID rows of each class; classes "
+                f'{missing} have none. Use a larger fit split (fit = "train" in [data]).'
+            )
+        sums = torch.zeros(z.shape[1], h.shape[1], dtype=torch.float64, device=h.device)
+        sums.index_add_(0, y[correct], h[correct].double())
+        self.patterns_ = (sums / counts[:, None]).float()  # (C, D)
+
+    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return (h * self.patterns_[z.argmax(dim=1)]).double().sum(1)
+
+
+@dataclass(frozen=True)
+class GradNormConfig(HeadConfig):
+    temperature: float = 1.0  # the paper's T = 1
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise EtnError(f"gradnorm expects temperature > 0, got {self.temperature}.")
+
+
+@heads.register("gradnorm")
+class GradNorm(Scorer):
+    """GradNorm (Huang et al., "On the Importance of Gradients for Detecting Distributional
+    Shifts in the Wild", NeurIPS 2021): the L1 norm of the gradient of
+    ``KL(u || softmax(z / T))`` (u uniform) with respect to the final layer's weights W. With
+    ``z = W h + b`` the gradient is ``(p - u) h^T / T``, an outer product, so its L1 norm is
+    exactly ``gradnorm = ||p - u||_1 ||h||_1 / T`` (p = softmax(z / T)), higher = more ID:
+    no backward pass, and W itself is not needed (the cached logits are W h + b). OpenOOD
+    back-propagates a loss C times as large (targets of ones), which ranks the same."""
+
+    name = "gradnorm"
+    label = "GradNorm"
+    Config = GradNormConfig
+    score_name = "gradnorm"
+
+    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        t = self.config.temperature
+        p = torch.softmax(z.double() / t, dim=1)
+        return (p - 1.0 / p.shape[1]).abs().sum(1) * h.double().abs().sum(1) / t

@@ -1,0 +1,112 @@
+"""Scorers that rectify the penultimate activations with thresholds from ID statistics, then
+read the energy of the backbone's final layer on them: ReAct and VRA.
+
+Both thresholds are percentiles of *all* ID activation values (every row and unit pooled, as
+both papers and OpenOOD compute them), with numpy's linear interpolation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from etn_cli.errors import EtnError
+from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.scorers.base import Scorer, linear
+
+
+def activation_percentiles(h: torch.Tensor, percents: list[float]) -> list[float]:
+    """Percentiles (0..100) of every value of ``h`` (N, D) pooled, as ``np.percentile``."""
+    values = h.detach().cpu().numpy().reshape(-1)
+    return [float(v) for v in np.percentile(values, percents)]
+
+
+def check_percent(name: str, value: float, head: str) -> None:
+    if not 0 <= value <= 100:
+        raise EtnError(f"{head} expects {name} in [0, 100] (a percentile), got {value}.")
+
+
+@dataclass(frozen=True)
+class ReActConfig(HeadConfig):
+    percentile: float = 90.0  # the paper's p = 90
+
+    def __post_init__(self) -> None:
+        check_percent("percentile", self.percentile, "react")
+
+
+@heads.register("react")
+class ReAct(Scorer):
+    """ReAct (Sun et al., "ReAct: Out-of-distribution Detection With Rectified Activations",
+    NeurIPS 2021): clip each activation at ``c``, the ``percentile``-th percentile (90) of
+    the ID activations, and score ``react = logsumexp(W min(h, c) + b)``; higher = more ID.
+    The probabilities are the softmax of the rectified logits."""
+
+    name = "react"
+    label = "ReAct"
+    Config = ReActConfig
+    score_name = "react"
+    needs_classifier = True
+    energy_of_logits = True
+    needs_id_statistics = True
+
+    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+        (threshold,) = activation_percentiles(h, [self.config.percentile])
+        self.threshold_ = torch.tensor(threshold)
+        self.weight_, self.bias_ = classifier["weight"], classifier["bias"]
+
+    def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return linear(h.clamp(max=float(self.threshold_)), self.weight_, self.bias_)
+
+
+@dataclass(frozen=True)
+class VRAConfig(HeadConfig):
+    lower_percentile: float = 60.0  # alpha: the paper's CIFAR setting (q1 = 0.6)
+    upper_percentile: float = 90.0  # beta (q2 = 0.9)
+    lower: float | None = None  # absolute alpha instead (the paper's ImageNet ResNet-50: 0.5)
+    upper: float | None = None  # absolute beta (ImageNet ResNet-50: 1.0)
+    gamma: float = 0.0  # VRA+'s shift of the kept activations; 0 is plain VRA
+
+    def __post_init__(self) -> None:
+        check_percent("lower_percentile", self.lower_percentile, "vra")
+        check_percent("upper_percentile", self.upper_percentile, "vra")
+        if self.lower_percentile > self.upper_percentile:
+            raise EtnError(
+                f"vra expects lower_percentile <= upper_percentile, got "
+                f"{self.lower_percentile} > {self.upper_percentile}."
+            )
+
+
+@heads.register("vra")
+class VRA(Scorer):
+    """VRA (Xu et al., "VRA: Variational Rectified Activation for Out-of-distribution
+    Detection", NeurIPS 2023): the piecewise rectification its variational analysis derives,
+    ``g(h) = 0`` for ``h < alpha``, ``h + gamma`` for ``alpha <= h <= beta``, ``beta`` for
+    ``h > beta``, then ``vra = logsumexp(W g(h) + b)``; higher = more ID. ``alpha`` and
+    ``beta`` are the 60th and 90th percentiles of the ID activations (the authors' CIFAR
+    setting) or absolute values (``lower``, ``upper``: their ImageNet ResNet-50 setting is 0.5
+    and 1.0); ``gamma = 0`` is plain VRA, VRA+ sets it. pytorch-ood's ``VRA`` instead clips
+    each unit between per-unit quantiles, without zeroing the low ones: a different method."""
+
+    name = "vra"
+    label = "VRA"
+    Config = VRAConfig
+    score_name = "vra"
+    needs_classifier = True
+    energy_of_logits = True
+    needs_id_statistics = True
+
+    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+        c = self.config
+        lo, hi = activation_percentiles(h, [c.lower_percentile, c.upper_percentile])
+        lo, hi = (lo if c.lower is None else c.lower), (hi if c.upper is None else c.upper)
+        if lo > hi:
+            raise EtnError(f"vra: alpha {lo} exceeds beta {hi}. Set lower <= upper.")
+        self.bounds_ = torch.tensor([lo, hi])
+        self.weight_, self.bias_ = classifier["weight"], classifier["bias"]
+
+    def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        lo, hi = (float(v) for v in self.bounds_)
+        kept = torch.where(h > hi, hi, h + self.config.gamma)
+        return linear(torch.where(h < lo, 0.0, kept), self.weight_, self.bias_)

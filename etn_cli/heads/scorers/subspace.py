@@ -1,0 +1,96 @@
+"""Scorers on the residual of the features outside their principal subspace (Wang et al.,
+"ViM: Out-Of-Distribution with Virtual-logit Matching", CVPR 2022): ViM and Residual.
+
+Fit (ID statistics and the classifier): the origin ``u = -pinv(W) b`` (the point whose logits
+are all zero), the eigenvectors of the uncentred second moment of ``x = h - u`` over the ID
+rows, ``sum_i x_i x_i^T / N`` (the authors' ``EmpiricalCovariance(assume_centered=True)``),
+and the complement ``R`` (D, D - d) of the ``d`` leading ones. The residual of a row is
+``r(h) = ||(h - u) R||``. ``dim = 0`` picks the paper's ``d``: 1000 for D >= 1500, 512 for
+D >= 768 (ViT), else D / 2 (OpenOOD's 256 for a ResNet-18's 512).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from etn_cli.errors import EtnError
+from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.statistics import (
+    min_norm_solution,
+    second_moment,
+    symmetric_eigenvectors,
+)
+
+
+def principal_dim(dim: int, features: int) -> int:
+    if dim:
+        return dim
+    return 1000 if features >= 1500 else 512 if features >= 768 else features // 2
+
+
+@dataclass(frozen=True)
+class SubspaceConfig(HeadConfig):
+    dim: int = 0  # d; 0 = the paper's rule
+
+    def __post_init__(self) -> None:
+        if self.dim < 0:
+            raise EtnError(f"dim must be >= 0 (0 = the paper's rule), got {self.dim}.")
+
+
+class Subspace(Scorer):
+    Config = SubspaceConfig
+    needs_classifier = True
+    needs_id_statistics = True
+
+    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+        d = principal_dim(self.config.dim, h.shape[1])
+        if not 0 < d < h.shape[1]:
+            raise EtnError(
+                f"{self.name}: the principal subspace needs 0 < dim < {h.shape[1]} (the hidden "
+                f"size), got {d}. Set dim in the pipeline file."
+            )
+        weight, bias = classifier["weight"].double(), classifier["bias"].double()
+        self.origin_ = -min_norm_solution(weight, bias)  # -pinv(W) b (D,)
+        moment = second_moment(h, self.origin_) / len(h)
+        vectors = symmetric_eigenvectors(moment)  # ascending eigenvalues
+        self.residual_basis_ = vectors[:, : h.shape[1] - d].float().contiguous()  # (D, D - d)
+
+    def residual(self, h: torch.Tensor) -> torch.Tensor:
+        """``||(h - u) R||`` (N,), float64."""
+        centred = (h.double() - self.origin_).float()
+        return (centred @ self.residual_basis_).double().norm(dim=1)
+
+
+@heads.register("vim")
+class ViM(Subspace):
+    """ViM: the residual scaled by ``alpha = mean_ID(max_i z_i) / mean_ID(r)`` is a virtual
+    logit; ``vim = logsumexp(z) - alpha r(h)``, higher = more ID (the authors' score; the
+    virtual class's softmax probability ranks the same)."""
+
+    name = "vim"
+    label = "ViM"
+    score_name = "vim"
+
+    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+        super().fit_scorer(h, z, y, classifier)
+        max_logit = z.double().max(dim=1).values.mean()
+        self.alpha_ = max_logit / self.residual(h).mean()
+
+    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.logsumexp(z.double(), dim=1) - self.alpha_ * self.residual(h)
+
+
+@heads.register("residual")
+class Residual(Subspace):
+    """Residual (the ViM paper's feature-only baseline): ``residual = -r(h)``, higher = more
+    ID."""
+
+    name = "residual"
+    label = "Residual"
+    score_name = "residual"
+
+    def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return -self.residual(h)

@@ -1,0 +1,93 @@
+"""The units of work a plan is made of (cached features, a fine-tuned backbone, a trained head,
+its metrics file) and the plan that holds them; :mod:`etn_cli.plan` resolves a pipeline into
+them, :mod:`etn_cli.plan_own` for the user's own shard folders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etn_cli.heads.base import Head
+from etn_cli.pipeline import Pipeline
+
+
+@dataclass
+class FeatureUnit:
+    """One (backbone, dataset, split) of cached features."""
+
+    role: str  # "adapt", "fit", "test" or "ood"
+    name: str  # the eval-set name in reports
+    path: Path
+    dataset: str = ""
+    split: str = ""
+    fingerprint: dict[str, Any] | None = None  # None: the user's own shards
+    rows: int | None = None  # extract a seeded subsample of this many rows (``fit_rows``)
+
+    @property
+    def key(self) -> str:
+        """The content key: the user's shards' checksum key, or the suffix etn named it by."""
+        if self.fingerprint is not None and "byof" in self.fingerprint:
+            return self.fingerprint["byof"]
+        return self.path.name.rsplit("-", 1)[-1]
+
+
+@dataclass
+class FinetuneUnit:
+    """Stage zero: the backbone trained on one split, in a content-keyed folder."""
+
+    path: Path
+    key: str
+    dataset: str
+    split: str
+    settings: dict[str, Any]
+    fingerprint: dict[str, Any]
+
+
+@dataclass
+class HeadUnit:
+    spec_index: int
+    head: Head
+    seed: int
+    label: str
+    path: Path
+    key: str
+
+
+@dataclass
+class MetricsUnit:
+    head: HeadUnit
+    path: Path
+    key: str
+
+
+@dataclass
+class Plan:
+    pipeline: Pipeline
+    data_dir: Path
+    backbone_name: str
+    id_dataset: str
+    adapt: FeatureUnit
+    test: FeatureUnit
+    ood: list[FeatureUnit]
+    classifier_path: Path | None
+    fit: FeatureUnit | None = None  # ID statistics' split (``[data] fit``), if any
+    groups: dict[str, str] = field(default_factory=dict)  # OOD eval set -> its group
+    backbone: Any = None  # the (not yet loaded) Backbone when etn extracts
+    finetune: FinetuneUnit | None = None  # when the pipeline has a [finetune] table
+    heads: list[HeadUnit] = field(default_factory=list)
+    metrics: list[MetricsUnit] = field(default_factory=list)
+
+    @property
+    def feature_units(self) -> list[FeatureUnit]:
+        return [self.adapt, *([self.fit] if self.fit else []), self.test, *self.ood]
+
+    def fit_unit(self, head: Any) -> FeatureUnit:
+        """The split ``head`` is fitted on: ``fit`` for heads that estimate ID statistics
+        when the pipeline has one, the adaptation split otherwise."""
+        return self.fit if self.fit is not None and head.needs_id_statistics else self.adapt
+
+
+def group_of(groups: dict[str, list[str]], names: dict[str, str]) -> dict[str, str]:
+    """OOD eval-set name -> its group, from ``[data.groups]`` (entries as written in ``ood``)."""
+    return {names[entry]: group for group, entries in groups.items() for entry in entries}
