@@ -7,6 +7,7 @@ line too; only a bug keeps its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -33,6 +34,7 @@ from etn_cli.cli_options import (
 )
 from etn_cli.distributed import is_main_process, refuse_under_torchrun
 from etn_cli.errors import EtnError
+from etn_cli.own_features.command import import_command
 
 app = typer.Typer(
     help="Evidential Transformation Network: trustworthy confidence and OOD scores for any "
@@ -65,13 +67,15 @@ def _main_options(
     pretrained classifier, from cached features. Typical use: `etn run pipelines/digits.toml`."""
 
 
-def _plan(pipeline: Path, data_dir: Path | None, overrides=None, only=None, read_only=False):  # noqa: ANN001, ANN202
-    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything."""
+def _plan(pipeline: Path, data_dir, overrides=None, only=None, read_only=False, device=None):  # noqa: ANN001, ANN202
+    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything; a
+    ``--device`` replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
     from etn_cli.backbones.base import read_only as building_nothing
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    loaded = dataclasses.replace(loaded, device=device) if device else loaded
     if not read_only:
         return make_plan(loaded, resolve_data_dir(data_dir))
     with building_nothing():
@@ -86,7 +90,7 @@ def _device(plan, device: str | None) -> str:  # noqa: ANN001
 
 def _run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
     """Plan the pipeline, run one stage on it and print what it built and skipped."""
-    plan = _plan(pipeline, data_dir, overrides, only)
+    plan = _plan(pipeline, data_dir, overrides, only, device=device)
     typer.echo(stage(plan, device=_device(plan, device), **options).summary())
 
 
@@ -161,7 +165,7 @@ def finetune(
 
     refuse_under_torchrun("finetune")
     progress.configure(quiet=quiet, verbose=verbose)
-    plan = _plan(pipeline, data_dir, overrides)
+    plan = _plan(pipeline, data_dir, overrides, device=device)
     if plan.finetune is None:
         raise EtnError(
             f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
@@ -186,7 +190,7 @@ def extract(
     from etn_cli.stages.extract import extract as run_extract
 
     progress.configure(quiet=quiet, verbose=verbose)
-    plan = _plan(pipeline, data_dir, overrides)
+    plan = _plan(pipeline, data_dir, overrides, device=device)
     summary = run_extract(plan, device=_device(plan, device)).summary()
     if is_main_process():
         typer.echo(summary)
@@ -261,7 +265,7 @@ def predict(
     refuse_under_torchrun("predict")
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
-    plan = _plan(pipeline, data_dir, overrides)
+    plan = _plan(pipeline, data_dir, overrides, device=device)
     options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
     typer.echo(run_predict(plan, inputs, device=_device(plan, device), **options).summary())
 
@@ -359,6 +363,9 @@ def status(
     format: FormatOption = "table",
     overrides: Overrides = None,
     only: Only = None,
+    prompt: Annotated[
+        bool, typer.Option("--prompt", help="Also print an LLM's rendered example prompt.")
+    ] = False,
 ) -> None:
     """Show which units of a pipeline are done, partial or missing (nothing is written).
 
@@ -371,6 +378,13 @@ def status(
     fmt = check_format(format)
     plan = _plan(pipeline, data_dir, overrides, only, read_only=True)
     typer.echo(render_status(plan, unit_status(plan), fmt))
+    if prompt:
+        from etn_cli.stages.prompt_example import render_prompt
+
+        typer.echo(render_prompt(plan))
+
+
+app.command("import")(import_command)  # etn import: features computed elsewhere
 
 
 def main(argv: list[str] | None = None) -> None:

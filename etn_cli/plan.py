@@ -96,6 +96,10 @@ class Plan:
     finetune: FinetuneUnit | None = None  # when the pipeline has a [finetune] table
     heads: list[HeadUnit] = field(default_factory=list)
     metrics: list[MetricsUnit] = field(default_factory=list)
+    # [features] pipelines: where the classifier comes from (given, in a file, fitted), and
+    # one line per head left out for want of one
+    classifier_source: dict[str, Any] | None = None
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def feature_units(self) -> list[FeatureUnit]:
@@ -106,10 +110,10 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
     data_dir = Path(data_dir).resolve()
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
-    plan = (
-        _own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
-    )
-    plan.heads = _head_units(plan)
+    from etn_cli.own_features.units import drop_unusable, own_features
+
+    plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
+    plan.heads, plan.skipped = drop_unusable(_head_units(plan), plan)
     plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
     return plan
 
@@ -129,12 +133,13 @@ def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = ""
     import difflib
 
     source = open_source(pipeline, dataset)
-    if split not in source.splits:
-        close = difflib.get_close_matches(split, source.splits, n=1, cutoff=0.5)
+    if not source.has_split(split):
+        names = source.available()
+        close = difflib.get_close_matches(split, names, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise EtnError(
             f"Dataset {dataset!r} has no split {split!r} ({pipeline.path}{where}).{hint} "
-            f"Available: {', '.join(source.splits)}"
+            f"Available: {', '.join(names) or 'none'}"
         )
     return source
 
@@ -172,13 +177,15 @@ def _resolve_path_options(pipeline: Pipeline, keys: tuple[str, ...]) -> dict[str
 
 def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     from etn_cli.backbones import backbones
+    from etn_cli.backbones.precision import planned_device
     from etn_cli.config import build_config
 
     assert pipeline.data is not None and pipeline.backbone is not None
     cls = backbones.get(pipeline.backbone)
     options = _resolve_path_options(pipeline, getattr(cls, "PATH_OPTIONS", ()))
     config = build_config(cls.Config, options, f"{pipeline.path} [backbone]")
-    backbone = cls(config, cache_dir=data_dir / "backbones")
+    device = planned_device(pipeline.device)  # dtype = "auto" resolves for the run's device
+    backbone = cls(config, cache_dir=data_dir / "backbones", device=device)
     backbone_fp = backbone.fingerprint()
     finetune = _finetune_unit(pipeline, data_dir, backbone) if pipeline.finetune else None
     if finetune is not None:
@@ -200,15 +207,17 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         )
 
     ood = [
-        unit("ood", ds, sp, ds if sp == "test" else f"{ds}:{sp}") for ds, sp in data.ood_sources()
+        unit("ood", ds, sp, open_source(pipeline, ds).display_name(sp))
+        for ds, sp in data.ood_sources()
     ]
+    id_name = open_source(pipeline, data.id).display_name(None)  # "my_images" for image_folder
     return Plan(
         pipeline=pipeline,
         data_dir=data_dir,
         backbone_name=pipeline.backbone,
-        id_dataset=data.id,
-        adapt=unit("adapt", data.id, data.adapt, data.id),
-        test=unit("test", data.id, data.test, data.id),
+        id_dataset=id_name,
+        adapt=unit("adapt", data.id, data.adapt, id_name),
+        test=unit("test", data.id, data.test, id_name),
         ood=ood,
         classifier_path=root / "classifier.safetensors",
         backbone=backbone,
@@ -241,49 +250,6 @@ def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> Finetun
     key = fingerprint_key(fp)
     path = data_dir / "backbones" / f"{pipeline.backbone}-finetune-{key}"
     return FinetuneUnit(path, key, data.id, spec.split, dict(spec.settings), fp)
-
-
-def split_key(path: Path) -> str:
-    """The content key of a shard folder: its manifest's key, or for a folder of the user's own
-    shards without a manifest, the key of their checksums (as ``read_split`` computes it)."""
-    import json
-
-    from etn_cli.store.fingerprint import file_sha256
-
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        return json.loads(manifest.read_text())["key"]
-    hashes = {p.name: file_sha256(p) for p in sorted(path.glob("*.h5"))}
-    if not hashes:
-        raise EtnError(
-            f"Feature folder {path} holds no *.h5 shards. See the README's shard format."
-        )
-    return fingerprint_key({"byof": True, "shards": hashes})
-
-
-def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
-    spec = pipeline.features
-    assert spec is not None
-
-    def unit(role: str, folder: str, name: str) -> FeatureUnit:
-        path = pipeline.resolve(folder)
-        if not path.is_dir():
-            raise EtnError(
-                f"Feature folder {path} ({pipeline.path} [features] {role}) does not exist. "
-                "Point it at a folder of shard-*.h5 files."
-            )
-        return FeatureUnit(role, name, path, fingerprint={"byof": split_key(path)})
-
-    return Plan(
-        pipeline=pipeline,
-        data_dir=data_dir,
-        backbone_name=spec.backbone,
-        id_dataset=spec.id_dataset,
-        adapt=unit("adapt", spec.adapt, spec.id_dataset),
-        test=unit("test", spec.test, spec.id_dataset),
-        ood=[unit("ood", folder, Path(folder).name) for folder in spec.ood],
-        classifier_path=pipeline.resolve(spec.classifier) if spec.classifier else None,
-    )
 
 
 def head_label(spec: HeadSpec, head: Any) -> str:

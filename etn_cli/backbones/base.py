@@ -74,6 +74,11 @@ class Backbone:
         hidden, logits = self.forward(inputs)
         return hidden, logits, {}
 
+    def manifest_extras(self, split: Split) -> dict[str, Any]:
+        """What a split's manifest records about how this backbone read it, beyond the
+        fingerprint (an LLM's rendered example prompt and answer token ids); JSON-able."""
+        return {}
+
     def finetune(self, train: Split, settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         """Stage zero (``etn finetune``): train the in-distribution model on ``train`` with the
         pipeline's ``[finetune]`` settings and write it (weights or adapter, safetensors) into
@@ -98,6 +103,21 @@ class Backbone:
 
 
 backbones: Registry[type[Backbone]] = Registry("backbone")
+
+
+def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
+    """One line naming the pip extra to install when an optional dependency is missing (the
+    digits default needs none of them)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        from etn_cli.errors import EtnError
+
+        raise EtnError(
+            f"{what} needs {', '.join(missing)}, which is not installed here. Install it with "
+            f"pip install 'etn-cli[{extra}]' (or pip install {' '.join(missing)})."
+        )
 
 
 @contextmanager

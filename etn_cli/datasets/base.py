@@ -42,6 +42,19 @@ class DatasetSource:
         self.root = root
         self.options = options
 
+    def has_split(self, split: str) -> bool:
+        """Whether ``split`` names a split (datasets whose splits are paths override it)."""
+        return split in self.splits
+
+    def display_name(self, split: str | None) -> str:
+        """How reports name the dataset (``split=None``: as the ID set) or one of its splits
+        as an OOD set: ``svhn`` for its test split, ``digits_noise:adapt`` for another."""
+        return self.name if split in (None, "test") else f"{self.name}:{split}"
+
+    def available(self) -> tuple[str, ...]:
+        """The split names to suggest when a name is wrong."""
+        return tuple(self.splits)
+
     def load_split(self, split: str) -> Split:
         raise NotImplementedError
 

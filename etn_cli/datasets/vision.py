@@ -59,8 +59,13 @@ class VisionSource(DatasetSource):
 
     Options: ClassVar[type]
     title: ClassVar[str]
+    needs_torchvision: ClassVar[bool] = True  # its files are read by torchvision.datasets
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
+        if self.needs_torchvision:
+            from etn_cli.backbones.base import require_extra
+
+            require_extra(("torchvision",), "vision", f"Dataset {self.name!r}")
         super().__init__(root)
         where = f"[data.options.{self.name}]"
         self.opts = build_config(self.Options, options, where)

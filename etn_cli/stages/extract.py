@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from etn_cli.datasets.class_check import check_id_classes
 from etn_cli.distributed import torchrun_world
 from etn_cli.errors import EtnError
 from etn_cli.heads.training import progress
@@ -53,10 +54,11 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     """Write every missing feature unit of ``plan``; finished units are left untouched, and
     a unit a killed run left half done is resumed from its journaled shards."""
     result = StageResult("extract")
-    if plan.backbone is None:  # the user's own shards: nothing to extract
-        for u in plan.feature_units:
-            result.skip(u.path, split_name(u), "your own features")
-        return result
+    if plan.backbone is None:  # your own features: files are imported, folders read in place
+        from etn_cli.own_features.importer import import_features
+
+        with explained_storage_errors():
+            return import_features(plan, result)
     world = torchrun_world()
     with explained_storage_errors():
         if world is None:
@@ -98,10 +100,12 @@ def load_backbone(plan: Plan, device: str) -> Any:
 
     template = plan.backbone
     if plan.finetune is None and template.device == torch.device(device):
-        return template
-    backbone = type(template)(template.config, template.cache_dir, device)
+        backbone = template
+    else:
+        backbone = type(template)(template.config, template.cache_dir, device)
     if plan.finetune is not None:
         backbone.use_finetuned(require_finetuned(plan.finetune))
+    check_id_classes(plan, backbone)  # before the first split is written
     return backbone
 
 
@@ -136,6 +140,7 @@ def extract_split(plan: Plan, unit: FeatureUnit, backbone: Any, device: str) -> 
             "waiting_for_writer_s": sink.blocked_s,
         }
         writer.extra["loaded_backbone"] = json.loads(canonical_json(backbone.fingerprint()))
+        writer.extra.update(backbone.manifest_extras(split))
         writer.extra["loader"] = {"batch_size": data.batch_size, "workers": data.workers}
 
 

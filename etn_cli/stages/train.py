@@ -14,14 +14,17 @@ from pathlib import Path
 
 import torch
 
+from etn_cli import progress
 from etn_cli.config import config_dict
+from etn_cli.own_features.classifier import classifier_for, classifier_record
 from etn_cli.plan import HeadUnit, Plan
 from etn_cli.provenance import provenance
+from etn_cli.stages.head_inputs import check_head_inputs
 from etn_cli.stages.result import StageResult
 from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
 from etn_cli.store.consistency import check_splits, check_varies
 from etn_cli.store.headfiles import RECORD, head_checksums
-from etn_cli.store.shards import Features, load_classifier, read_split
+from etn_cli.store.shards import Features, read_split
 from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
 
@@ -37,6 +40,8 @@ def check_plan_features(plan: Plan) -> None:
 def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
     """Fit every missing head unit; finished heads are left untouched unless ``force``."""
     result = StageResult("train")
+    for line in plan.skipped:  # heads left out for want of an input ([features] pipelines)
+        progress.say(f"train: {line}")
     todo = [u for u in plan.heads if force or not head_is_complete(u.path)]
     for u in plan.heads:
         if u not in todo:
@@ -45,6 +50,7 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
         return result
     check_plan_features(plan)
     reader = cache(lambda: _adaptation_features(plan))
+    check_head_inputs(plan, todo, reader())  # every head has what it reads, before any fit
     with explained_storage_errors():
         for unit in todo:
             ensure_writable(unit.path.parent)
@@ -73,7 +79,7 @@ def _adaptation_features(plan: Plan) -> Features:
 def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, replace: bool) -> None:
     classifier = None
     if unit.head.needs_classifier:
-        weight, bias = load_classifier(plan.classifier_path)
+        weight, bias = classifier_for(plan)  # the backbone's, given, or fitted (own features)
         classifier = {"weight": torch.as_tensor(weight), "bias": torch.as_tensor(bias)}
     started = time.perf_counter()
     unit.head.fit(
@@ -98,6 +104,8 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
         "pipeline": plan.pipeline.name,
         "provenance": provenance(),
     }
+    if unit.head.needs_classifier:
+        record["classifier"] = classifier_record(plan.classifier_path)
     with atomic_dir(unit.path, replace=replace) as tmp:
         unit.head.save(tmp)
         record["files"] = head_checksums(tmp)
