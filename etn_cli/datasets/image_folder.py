@@ -168,7 +168,8 @@ class ImageFolderData(VisionSource):
         root = self.root_path()
         if not root.is_dir():
             return ()
-        entries = sorted(e for e in os.scandir(root) if not e.name.startswith("."))
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+        entries = [e for e in entries if not e.name.startswith(".")]
         keep = [e.name for e in entries if e.is_dir() or Path(e.name).suffix in LIST_SUFFIXES]
         return tuple(keep)
 

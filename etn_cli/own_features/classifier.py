@@ -68,16 +68,29 @@ def build_classifier(plan: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]
     return weight, bias, source
 
 
-def classifier_for(plan: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The plan's classifier ``(weight (C, D), bias (C,))``, built once if it is missing."""
+def classifier_for(plan: Any, shape: tuple[int, int] | None = None) -> tuple[np.ndarray, ...]:
+    """The plan's classifier ``(weight (C, D), bias (C,))``, built once if it is missing;
+    with ``shape`` = (C, D), one of another shape is refused before it is stored."""
     path = plan.classifier_path
     if plan.classifier_source is not None and not path.is_file():
+        weight, bias, record = build_classifier(plan)
+        check_shape(weight, shape, record.get("file", "the fitted classifier"))
         path.parent.mkdir(parents=True, exist_ok=True)
         with unit_lock(path):
             if not path.is_file():
-                weight, bias, record = build_classifier(plan)
                 save_classifier(path, weight, bias, {"classifier_source": record})
-    return load_classifier(path)
+    weight, bias = load_classifier(path)
+    check_shape(weight, shape, path)
+    return weight, bias
+
+
+def check_shape(weight: np.ndarray, shape: tuple[int, int] | None, where: Any) -> None:
+    if shape is not None and weight.shape != shape:
+        raise EtnError(
+            f"The classifier in {where} has weight {weight.shape}, but the features have "
+            f"{shape[0]} classes and hidden size {shape[1]}; expected weight {shape}. Give the "
+            "classifier of the model that made the features."
+        )
 
 
 def classifier_record(path: Path | None) -> dict[str, Any] | None:
