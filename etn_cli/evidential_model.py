@@ -178,6 +178,8 @@ class EvidentialModel(nn.Module):
         if not isinstance(getattr(backbone, "model", None), nn.Module):
             raise EtnError(f"Backbone {backbone.name!r} exposes no torch module to wrap.")
         if backbone.name == "torchvision":  # its own forward: TorchScript, features, autocast
+            from etn_cli.image_api import BackboneFeatures
+
             return cls(BackboneFeatures(backbone), head)
         features = ImageClassifierFeatures(
             backbone.model,
@@ -342,28 +344,3 @@ class MultipleChoiceFeatures(nn.Module):
             hidden = final_hidden(self.model, batch)  # (B, D)
         logits = letter_logits(self.model, hidden, self.answer.ids)  # (B, C)
         return hidden.float().cpu(), logits.float().cpu(), dict(layers)
-
-
-class BackboneFeatures(nn.Module):
-    """An etn image backbone's own forward pass (``Backbone.run``): the hidden state, logits
-    and pooled layers exactly as ``etn extract`` stores them, for a preprocessed batch or a
-    list of images (the backbone's preprocessing)."""
-
-    def __init__(self, backbone: Any) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.model = backbone.model  # registered, so .to(...) and state_dict() see it
-        self.hidden_size, self.num_classes = backbone.hidden_size, backbone.num_classes
-        self.layer_names = tuple(backbone.config.layers)
-        self.describe = f"the {backbone.name} backbone (layer {backbone.head_name!r})"
-
-    def forward(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        if isinstance(inputs, torch.Tensor):
-            x = inputs
-        else:
-            images = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-            pairs = [(self.backbone.transform(im), 0, i) for i, im in enumerate(images)]
-            x, _, _ = collate_images(pairs)
-        device = next(iter(self.model.parameters())).device
-        hidden, logits, layers = self.backbone.run(x.to(device), with_layers=True)
-        return hidden.cpu(), logits.cpu(), {k: v.float().cpu() for k, v in layers.items()}

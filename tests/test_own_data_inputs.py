@@ -10,8 +10,8 @@ excepted).
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ import pytest
 import torch
 from llm_fixtures import make_llama, write_jsonl
 from PIL import Image
-from test_bad_inputs import etn, snapshot, warm_llm_cache
+from test_bad_inputs import Case, check_case, etn, warm_llm_cache
 
 VISION = """name = "mine"
 seeds = [0]
@@ -83,8 +83,10 @@ def image_list(lines: str) -> Callable[[Path, pytest.FixtureRequest], Path]:
 def torchscript_with_features(tmp: Path, request: pytest.FixtureRequest) -> Path:
     import torchvision
 
-    model = torch.jit.script(torchvision.models.resnet18(num_classes=3).eval())
-    torch.jit.save(model, str(tmp / "model.ts"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated, not removed
+        model = torch.jit.script(torchvision.models.resnet18(num_classes=3).eval())
+        torch.jit.save(model, str(tmp / "model.ts"))
     return vision(tmp, backbone='checkpoint = "model.ts"\nfeatures = "avgpool"')
 
 
@@ -162,13 +164,6 @@ def imported_first(make: Callable[[Path], Path]) -> Callable:
         return path
 
     return setup
-
-
-@dataclass(frozen=True)
-class Case:
-    command: str
-    setup: Callable[[Path, pytest.FixtureRequest], Path]
-    phrases: tuple[str, ...]
 
 
 CASES: dict[str, Case] = {
@@ -303,16 +298,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_own_data_bad_input_is_one_line_exit_2_and_writes_nothing(
     name: str, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture
 ) -> None:
-    case = CASES[name]
-    pipeline = case.setup(tmp_path, request)
-    data = tmp_path / "data"
-    before = snapshot(data)
-    code, err = etn(capsys, case.command, pipeline, "--data-dir", data)
-    assert code == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    for phrase in case.phrases:
-        assert phrase in err, f"{phrase!r} not in {err!r}"
-    assert snapshot(data) == before
+    check_case(CASES[name], tmp_path, request, capsys)
 
 
 def test_etn_import_of_a_bad_file_writes_no_folder(tmp_path, capsys) -> None:  # noqa: ANN001

@@ -31,7 +31,6 @@ Extract-time extras (``Backbone.extract_batch``), with the same meaning as for `
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +51,7 @@ from etn_cli.backbones.image_inputs import (
 )
 from etn_cli.backbones.precision import DTYPES, DtypeName, resolve_dtype
 from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
-from etn_cli.backbones.vision_finetune import FinetuneConfig, seeded, train_classifier
-from etn_cli.config import build_config, config_dict
+from etn_cli.backbones.vision_finetune import FinetuneConfig
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
 
@@ -299,48 +297,9 @@ class TorchvisionBackbone(Backbone):
     def finetune(self, train: Split, settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         """Cross-entropy training of the whole model on ``train`` (see ``vision_finetune``);
         writes ``model.safetensors`` into ``out_dir`` and returns the training record."""
-        from safetensors.torch import save_file
+        from etn_cli.backbones.vision_finetune import finetune_backbone
 
-        cfg = build_config(FinetuneConfig, settings, "the pipeline's [finetune] table")
-        if self.weights.kind == "torchscript":
-            raise EtnError(
-                "etn finetune trains torchvision architectures; a TorchScript checkpoint cannot "
-                "be re-trained here. Remove [finetune], or give a state dict and model = ...."
-            )
-        started = time.perf_counter()
-        with seeded(cfg.seed, self.device):
-            model = self.model
-            loader = self.train_loader(train, cfg)
-            amp = None if self.dtype == "float32" else DTYPES[self.dtype]
-            desc = f"finetune {self.config.model}"
-            history = train_classifier(model, loader, cfg, self.device, amp, desc)
-        model.eval()
-        state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(state, str(Path(out_dir) / tvw.FINETUNED_FILE))
-        return {
-            "model": self.config.model,
-            "started_from": self.weights.fingerprint,
-            "settings": config_dict(cfg),
-            "train_rows": len(train),
-            "history": history,
-            "seconds": time.perf_counter() - started,
-            "device": str(self.device),
-            "dtype": self.dtype,
-            "weights_file": tvw.FINETUNED_FILE,
-        }
-
-    def train_loader(self, train: Split, cfg: FinetuneConfig) -> DataLoader:
-        data = TransformedImages(train.data, train.index, self.transform)
-        return DataLoader(
-            data,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(cfg.seed),
-            num_workers=cfg.workers,
-            pin_memory=self.device.type == "cuda",
-            collate_fn=collate_images,
-            drop_last=len(data) % cfg.batch_size == 1,  # batch norm cannot train on one sample
-        )
+        return finetune_backbone(self, train, settings, Path(out_dir))
 
     def use_finetuned(self, out_dir: Path) -> None:
         """Load ``out_dir/model.safetensors`` (written by :meth:`finetune`) from now on."""

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from etn_cli.datasets.base import datasets
+from etn_cli.datasets.base import PathSplits, datasets
 from etn_cli.datasets.imagenet import IMAGE_SUFFIXES, ImageFiles
 from etn_cli.datasets.openood_lists import UNLABELLED, read_image_list
 from etn_cli.datasets.vision import VisionSource, rows_sha256
@@ -153,7 +153,7 @@ def list_file(path: Path, images: Path, classes: tuple[str, ...] | None, stamp: 
 
 
 @datasets.register("image_folder")
-class ImageFolderData(VisionSource):
+class ImageFolderData(PathSplits, VisionSource):
     """Your own images: class folders, unlabelled folders or OpenOOD image lists under the
     root; a split is a path below it (see the module docstring)."""
 
@@ -173,17 +173,8 @@ class ImageFolderData(VisionSource):
         keep = [e.name for e in entries if e.is_dir() or Path(e.name).suffix in LIST_SUFFIXES]
         return tuple(keep)
 
-    def display_name(self, split: str | None) -> str:
-        """Your data by its own names: the root folder as the ID set, a split by its path
-        without suffix (``ood``, ``other``)."""
-        if split is None:
-            return self.root_path().name
-        return Path(split).with_suffix("").as_posix()
-
     def has_split(self, split: str) -> bool:
-        root = self.root_path()
-        target = (root / split).resolve()
-        return bool(split) and target.is_relative_to(root) and target.exists()
+        return self.inside_root(split) is not None
 
     def check_split(self, split: str) -> None:
         if not self.has_split(split):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from etn_cli.datasets.base import DatasetSource, Split, datasets
+from etn_cli.datasets.base import DatasetSource, PathSplits, Split, datasets
 from etn_cli.datasets.mcqa import QuestionSet
 from etn_cli.datasets.mcqa_files import (
     Question,
@@ -71,7 +71,7 @@ def read_question_file(path: Path, stamp: int) -> tuple[list[Question], bool]:
 
 
 @datasets.register("mcqa_jsonl")
-class MCQAFile(DatasetSource):
+class MCQAFile(PathSplits, DatasetSource):
     """Your own multiple-choice questions: a split is a ``.jsonl``, ``.csv`` (with a header)
     or ``.parquet`` file under the root (see the module docstring)."""
 
@@ -86,30 +86,14 @@ class MCQAFile(DatasetSource):
             )
         super().__init__(root)
 
-    def root_path(self) -> Path:
-        if self.root is None:
-            raise EtnError(
-                "Dataset 'mcqa_jsonl' reads question files under [data] root, but the pipeline "
-                'sets none. Add root = "folder/with/the/files" to its [data] table.'
-            )
-        return Path(self.root).expanduser().resolve()
-
     def available(self) -> tuple[str, ...]:
         root = self.root_path()
         found = sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES) if root.is_dir() else []
         return tuple(p.relative_to(root).as_posix() for p in found)
 
-    def display_name(self, split: str | None) -> str:
-        """Your data by its own names: the root folder as the ID set, a split by its path
-        without suffix (``ood``, ``other``)."""
-        if split is None:
-            return self.root_path().name
-        return Path(split).with_suffix("").as_posix()
-
     def has_split(self, split: str) -> bool:
-        root = self.root_path()
-        target = (root / split).resolve()
-        return target.is_relative_to(root) and target.is_file() and target.suffix in SUFFIXES
+        target = self.inside_root(split)
+        return target is not None and target.is_file() and target.suffix in SUFFIXES
 
     def path(self, split: str) -> Path:
         if not self.has_split(split):

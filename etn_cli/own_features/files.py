@@ -16,7 +16,7 @@ name                shape     meaning
 
 (``layers.<name>`` is accepted for ``layers/<name>`` in ``.npz`` and ``.safetensors`` files.)
 A file with other names, wrong shapes or dtypes, or non-finite values is refused with one line
-naming the file, the array and the fix. ``.npz`` files are read with ``allow_pickle=False``.
+naming the file, the array and the fix. Nothing in a file is ever unpickled.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ def raw_arrays(path: Path) -> dict[str, np.ndarray]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as archive:
-                arrays = {name: archive[name] for name in archive.files}
+            arrays = npz_arrays(path)
         elif suffix == ".safetensors":
             from safetensors.numpy import load_file
 
@@ -73,6 +72,20 @@ def raw_arrays(path: Path) -> dict[str, np.ndarray]:
             f"expected a readable {suffix} file. {FIX}"
         ) from None
     return {_layer_name(name): np.asarray(array) for name, array in arrays.items()}
+
+
+def npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The ``.npy`` members of a ``numpy.savez`` archive, read by numpy's format reader, which
+    refuses object arrays: nothing in the file is ever unpickled."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        members = [name for name in archive.namelist() if name.endswith(".npy")]
+        arrays = {}
+        for name in members:
+            with archive.open(name) as handle:
+                arrays[name.removesuffix(".npy")] = np.lib.format.read_array(handle)
+    return arrays
 
 
 def _hdf5_arrays(path: Path) -> dict[str, np.ndarray]:

@@ -276,9 +276,10 @@ def dataset_split(plan: Plan, text: str) -> Inputs:
         )
     source = open_source(plan.pipeline, name)
     split_name = split_name or "test"
-    if split_name not in source.splits:
+    if not source.has_split(split_name):
         raise EtnError(
-            f"Dataset {name!r} has no split {split_name!r}. Available: {', '.join(source.splits)}"
+            f"Dataset {name!r} has no split {split_name!r}. "
+            f"Available: {', '.join(source.available()) or 'none'}"
         )
     split = source.load_split(split_name)
     names = [f"{name}:{split_name}#{i}" for i in split.index]
