@@ -31,8 +31,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 CLASSES = ("dog", "cat", "fox")  # the model's output order; sorted would be cat, dog, fox
-IMAGES_PER_CLASS = {"adapt": 5, "test": 5}
-OOD_IMAGES = 10
+IMAGES_PER_CLASS = {"adapt": 4, "test": 4}
+OOD_IMAGES = 6
 
 
 def write_images(folder: Path, seed: int = 0) -> Path:

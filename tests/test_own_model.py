@@ -80,6 +80,20 @@ def test_image_labels_follow_the_class_file_not_the_sorted_folder_names(run: Pat
     assert plan.id_dataset == "my_images" and [u.name for u in plan.ood] == ["ood"]
 
 
+def test_predict_names_the_classes_of_the_folders(run: Path) -> None:
+    import polars as pl
+    from cli_runner import etn as etn_here
+
+    out = run / "predictions.csv"
+    args = ("predict", run / "images.toml", run / "my_images/test", "-d", run / "data")
+    assert etn_here(*args, "--out", out)[0] == 0
+    frame = pl.read_csv(out)
+    probabilities = [c for c in frame.columns if c.startswith("prob_")]
+    assert probabilities == [f"prob_{name}" for name in standins.CLASSES]
+    names = [standins.CLASSES[k] for k in frame["prediction"]]
+    assert frame["class"].to_list() == names and frame.height == 12
+
+
 def test_stored_image_features_equal_a_plain_torchvision_forward_pass(run: Path) -> None:
     import torchvision
     from PIL import Image
@@ -143,10 +157,12 @@ def test_stored_question_features_equal_the_full_forward_of_the_model(run: Path)
 
 
 def test_status_prints_the_rendered_prompt_and_answer_tokens(run: Path) -> None:
-    done = etn("status", "questions.toml", "-d", run / "data", "--prompt", cwd=run)
-    assert done.returncode == 0, done.stderr
-    assert written_prompt(questions(run, "adapt")[0]) in done.stdout
-    assert "answer tokens: A = " in done.stdout
+    from cli_runner import etn as etn_here
+
+    code, output = etn_here("status", run / "questions.toml", "-d", run / "data", "--prompt")
+    assert code == 0, output
+    assert written_prompt(questions(run, "adapt")[0]) in output
+    assert "answer tokens: A = " in output and "from the manifest" in output
 
 
 def test_imported_features_equal_the_files_and_the_given_classifier_is_used(run: Path) -> None:
@@ -164,25 +180,26 @@ def test_imported_features_equal_the_files_and_the_given_classifier_is_used(run:
     assert plan.classifier_source["sha256"] == record["classifier"]["sha256"]
 
 
-def test_the_python_example_gives_the_pipelines_features(run: Path) -> None:
+def test_the_python_example_gives_the_pipelines_features(run, monkeypatch, capsys) -> None:  # noqa: ANN001
+    import runpy
+
     import torchvision
     from safetensors.torch import load_file
 
     import etn_cli
 
-    done = subprocess.run(
-        [sys.executable, "images_api.py"], capture_output=True, text=True, cwd=run
-    )
-    assert done.returncode == 0, done.stderr
-    assert "OOD AUROC by uncertainty mass: 0." in done.stdout
+    monkeypatch.chdir(run)  # the example reads its files from where it runs
+    runpy.run_path(str(run / "images_api.py"), run_name="__main__")
+    assert "OOD AUROC by uncertainty mass: 0." in capsys.readouterr().out
     model = torchvision.models.resnet18(num_classes=3).eval()
     model.load_state_dict(load_file(run / "model.safetensors"))
     transform = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.transforms()
     images = etn_cli.ImageFolder(run / "my_images/adapt", classes=run / "my_images/classes.txt")
     assert images.classes == standins.CLASSES
-    few = torch.utils.data.Subset(images, [0, 7, 14])
+    rows = [0, 5, 11]  # one image of each class folder
+    few = torch.utils.data.Subset(images, rows)
     hidden, logits, labels = etn_cli.image_features(model, few, transform, batch_size=2)
     stored, _ = split_of(run, "images.toml", "adapt")
-    np.testing.assert_allclose(hidden, stored.hidden[[0, 7, 14]], atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(logits, stored.logits[[0, 7, 14]], atol=1e-4, rtol=1e-4)
-    assert labels.tolist() == stored.labels[[0, 7, 14]].tolist()
+    np.testing.assert_allclose(hidden, stored.hidden[rows], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(logits, stored.logits[rows], atol=1e-4, rtol=1e-4)
+    assert labels.tolist() == stored.labels[rows].tolist() == [1, 0, 2]  # cat, dog, fox
