@@ -140,13 +140,36 @@ def test_the_imagenet_pipeline_extracts_fakedata_on_a_cpu(tmp_path: Path) -> Non
     assert np.isfinite(features.layers["odin"]).all()
 
 
-def test_from_causal_lm_leaves_the_tokenizer_as_it_was(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from llm_fixtures import make_llama
+
+    return make_llama(tmp_path_factory.mktemp("llama"))
+
+
+def test_a_causal_lm_computes_in_float32_on_a_cpu_unless_told_otherwise(llama, tmp_path) -> None:  # noqa: ANN001
+    from etn_cli.backbones.hf_lm import CausalLMBackbone
+    from etn_cli.backbones.hf_lm import Config as LMConfig
+    from etn_cli.datasets import datasets
+
+    split = datasets.get("tiny_mcqa")().load_split("test")
+    found = {}
+    for dtype in ("auto", "float32", "bfloat16"):
+        lm = CausalLMBackbone(LMConfig(model=str(llama), dtype=dtype), tmp_path)
+        inputs, _, _ = next(iter(lm.batches(split, 8)))
+        found[dtype] = (lm.fingerprint()["dtype"], *lm.extract_batch(inputs)[:2])
+    assert found["auto"][0] == "float32" and found["bfloat16"][0] == "bfloat16"
+    torch.testing.assert_close(found["auto"][2], found["float32"][2])  # auto is float32 here
+    drift = (found["bfloat16"][2] - found["float32"][2]).abs().max()
+    assert 0 < drift < 0.1  # bfloat16 runs on the CPU, and moves the logits a little
+
+
+def test_from_causal_lm_leaves_the_tokenizer_as_it_was(llama: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import etn_cli
 
-    folder = make_llama(tmp_path / "llama")
+    folder = llama
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     before = (tokenizer.pad_token, tokenizer.padding_side, len(tokenizer))
     lm = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from etn_cli.errors import EtnError
-from etn_cli.own_features.files import classifier_arrays, raw_arrays
+from etn_cli.own_features.files import read_classifier_file
 from etn_cli.store import load_classifier, read_split, save_classifier, unit_lock
 
 AFFINE_TOLERANCE = 1e-3  # relative residual below which the fit is the backbone's own layer
@@ -47,13 +47,7 @@ def build_classifier(plan: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]
     """``(weight, bias, record)`` from the plan's classifier source."""
     source = dict(plan.classifier_source)
     if source["kind"] != "fitted":
-        path = Path(source["file"])
-        weight, bias = classifier_arrays(raw_arrays(path), None, None, path)
-        if weight is None:
-            raise EtnError(
-                f"The classifier file {path} holds no 'weight' (C, D) array; expected weight and "
-                "bias. Save them with numpy.savez(path, weight=W, bias=b)."
-            )
+        weight, bias = read_classifier_file(Path(source["file"]))
         return weight, bias, source
     adapt = read_split(plan.adapt.path)
     weight, bias, residual = fit_last_layer(adapt.hidden, adapt.logits)

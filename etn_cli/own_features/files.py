@@ -151,6 +151,20 @@ def classifier_arrays(
     return weight, bias.astype(np.float32)
 
 
+def read_classifier_file(
+    path: Path, d: int | None = None, c: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``weight`` (C, D) and ``bias`` (C,) of a classifier file (or of a split file with them);
+    with ``d`` and ``c``, checked against the features' widths."""
+    weight, bias = classifier_arrays(raw_arrays(path), d, c, path)
+    if weight is None or bias is None:
+        raise EtnError(
+            f"The classifier file {path} holds no 'weight' (C, D) array; expected weight and "
+            "bias, e.g. numpy.savez(path, weight=W, bias=b)."
+        )
+    return weight, bias
+
+
 def floating(array: np.ndarray, ndim: int, name: str, path: Path) -> np.ndarray:
     if not np.issubdtype(array.dtype, np.floating) or array.ndim != ndim:
         raise EtnError(

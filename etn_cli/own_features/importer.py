@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from etn_cli.errors import EtnError
-from etn_cli.own_features.files import FeatureFile, read_feature_file
+from etn_cli.own_features.files import FeatureFile, read_classifier_file, read_feature_file
 from etn_cli.own_features.units import import_fingerprint
 from etn_cli.provenance import provenance
 from etn_cli.store import ShardWriter, save_classifier, split_is_complete, unit_lock
@@ -119,13 +119,5 @@ def found_classifier(
     first = next(iter(read.values()))
     if classifier is None:
         return next(((f.weight, f.bias, p) for p, f in read.items() if f.weight is not None), None)
-    from etn_cli.own_features.files import classifier_arrays, raw_arrays
-
     d, c = first.hidden.shape[1], first.logits.shape[1]
-    weight, bias = classifier_arrays(raw_arrays(classifier), d, c, classifier)
-    if weight is None:
-        raise EtnError(
-            f"The classifier file {classifier} holds no 'weight' ({c}, {d}) array; expected "
-            "weight and bias, e.g. numpy.savez(path, weight=W, bias=b)."
-        )
-    return weight, bias, classifier
+    return (*read_classifier_file(classifier, d, c), classifier)
