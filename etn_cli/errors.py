@@ -18,3 +18,16 @@ class EtnError(Exception):
         if text.startswith(WORKER_PREFIX) and MARKER in text:
             message = text.rsplit(MARKER, 1)[1].strip()
         super().__init__(message, *args)
+
+
+def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
+    """One line naming the pip extra to install when an optional dependency is missing (the
+    digits default needs none of them)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EtnError(
+            f"{what} needs {', '.join(missing)}, which is not installed here. Install it with "
+            f"pip install 'etn-cli[{extra}]' (or pip install {' '.join(missing)})."
+        )

@@ -147,8 +147,8 @@ class EvidentialModel(nn.Module):
     ) -> EvidentialModel:
         """The pipeline's backbone (with its ``etn finetune`` weights or adapter, its
         preprocessing or prompt template) and its trained head ``head`` for ``seed``."""
-        from etn_cli.api import pipeline_head, plan_of, read_head
         from etn_cli.stages.extract import load_backbone
+        from etn_cli.trained_heads import pipeline_head, plan_of, read_head
 
         plan = plan_of(pipeline, data_dir)
         trained = read_head(pipeline_head(plan, head, seed).path)
@@ -178,7 +178,7 @@ class EvidentialModel(nn.Module):
         if not isinstance(getattr(backbone, "model", None), nn.Module):
             raise EtnError(f"Backbone {backbone.name!r} exposes no torch module to wrap.")
         if backbone.name == "torchvision":  # its own forward: TorchScript, features, autocast
-            from etn_cli.image_api import BackboneFeatures
+            from etn_cli.backbones.torchvision_module import BackboneFeatures
 
             return cls(BackboneFeatures(backbone), head)
         features = ImageClassifierFeatures(

@@ -9,8 +9,7 @@ The Python twins of ``dataset = "image_folder"`` and ``etn extract`` for an imag
 
 Folders follow torchvision's ``ImageFolder`` (one sub-folder per class, class order sorted or
 from ``classes``); a folder without sub-folders is unlabelled (label -1), and a text file is an
-OpenOOD image list (:mod:`etn_cli.datasets.image_folder`). :class:`BackboneFeatures` is an etn
-image backbone's own forward pass as a module, for ``EvidentialModel.from_backbone``.
+OpenOOD image list (:mod:`etn_cli.datasets.image_folder`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from etn_cli.backbones.image_inputs import collate_images
 from etn_cli.datasets.image_folder import Listing, list_file, list_folder
 from etn_cli.datasets.imagenet import ImageFiles
 from etn_cli.errors import EtnError
@@ -74,28 +72,3 @@ def image_features(
         parts.append((hidden.numpy(), logits.numpy(), np.array([y for _, y in pairs])))
     hidden, logits, labels = (np.concatenate([p[k] for p in parts]) for k in range(3))
     return hidden, logits, labels.astype(np.int64)
-
-
-class BackboneFeatures(nn.Module):
-    """An etn image backbone's own forward pass (``Backbone.run``): the hidden state, logits
-    and pooled layers exactly as ``etn extract`` stores them, for a preprocessed batch or a
-    list of images (the backbone's preprocessing)."""
-
-    def __init__(self, backbone: Any) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.model = backbone.model  # registered, so .to(...) and state_dict() see it
-        self.hidden_size, self.num_classes = backbone.hidden_size, backbone.num_classes
-        self.layer_names = tuple(backbone.config.layers)
-        self.describe = f"the {backbone.name} backbone (layer {backbone.head_name!r})"
-
-    def forward(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        if isinstance(inputs, torch.Tensor):
-            x = inputs
-        else:
-            images = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
-            pairs = [(self.backbone.transform(im), 0, i) for i, im in enumerate(images)]
-            x, _, _ = collate_images(pairs)
-        device = next(iter(self.model.parameters())).device
-        hidden, logits, layers = self.backbone.run(x.to(device), with_layers=True)
-        return hidden.cpu(), logits.cpu(), {k: v.float().cpu() for k, v in layers.items()}

@@ -110,11 +110,33 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
     data_dir = Path(data_dir).resolve()
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
-    from etn_cli.own_features.units import drop_unusable, own_features
+    from etn_cli.own_features.units import drop_unusable
 
-    plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
+    plan = (_own_features if pipeline.features else _extracted)(pipeline, data_dir)
     plan.heads, plan.skipped = drop_unusable(_head_units(plan), plan)
     plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
+    return plan
+
+
+def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
+    """The plan of a ``[features]`` pipeline: files to import or shard folders read in place
+    (:mod:`etn_cli.own_features.units`); heads are added by ``make_plan``."""
+    from etn_cli.own_features import units
+
+    spec = pipeline.features
+    assert spec is not None
+    store = units.own_store(pipeline, data_dir)
+
+    def unit(role: str, entry: str, name: str) -> FeatureUnit:
+        path, fingerprint = units.feature_entry(pipeline, store, role, entry)
+        return FeatureUnit(role, name, path, fingerprint=fingerprint)
+
+    ood = [unit("ood", entry, Path(entry).stem) for entry in spec.ood]
+    adapt = unit("adapt", spec.adapt, spec.id_dataset)
+    test = unit("test", spec.test, spec.id_dataset)
+    plan = Plan(pipeline, data_dir, spec.backbone, spec.id_dataset, adapt, test, ood, None)
+    plan.classifier_source = units.classifier_source(pipeline, plan)
+    plan.classifier_path = units.classifier_path(store, plan.classifier_source)
     return plan
 
 
@@ -151,8 +173,9 @@ def _check_names(pipeline: Pipeline) -> None:
     for spec in pipeline.heads:
         try:
             heads.get(spec.name)(**spec.settings)
-        except EtnError as err:
-            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {err}") from None
+        except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
+            message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
+            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
     data = pipeline.data
     if data is not None:
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:

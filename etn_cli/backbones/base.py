@@ -105,21 +105,6 @@ class Backbone:
 backbones: Registry[type[Backbone]] = Registry("backbone")
 
 
-def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
-    """One line naming the pip extra to install when an optional dependency is missing (the
-    digits default needs none of them)."""
-    import importlib.util
-
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        from etn_cli.errors import EtnError
-
-        raise EtnError(
-            f"{what} needs {', '.join(missing)}, which is not installed here. Install it with "
-            f"pip install 'etn-cli[{extra}]' (or pip install {' '.join(missing)})."
-        )
-
-
 @contextmanager
 def read_only() -> Iterator[None]:
     """Plan without building: read-only commands (status, report, dry runs) never train or

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from etn_cli.backbones.base import Backbone, backbones, require_extra
+from etn_cli.backbones.base import Backbone, backbones
 from etn_cli.backbones.hf_files import (
     HashMemo,
     ModelLocation,
@@ -52,7 +52,7 @@ from etn_cli.backbones.lm_forward import (
 from etn_cli.backbones.lora import LoraSettings
 from etn_cli.backbones.precision import DtypeName, resolve_dtype
 from etn_cli.datasets.base import Split
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, require_extra
 from etn_cli.prompts import CHOICE_LINE, resolve_template
 
 CODE_VERSION = "1"  # bump when the computation of hidden states or logits changes

@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader
 
 from etn_cli.backbones import own_model
 from etn_cli.backbones import torchvision_weights as tvw
-from etn_cli.backbones.base import Backbone, backbones, require_extra
+from etn_cli.backbones.base import Backbone, backbones
 from etn_cli.backbones.image_inputs import (
     ImageTransform,
     TransformedImages,
@@ -53,7 +53,7 @@ from etn_cli.backbones.precision import DTYPES, DtypeName, resolve_dtype
 from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
 from etn_cli.backbones.vision_finetune import FinetuneConfig
 from etn_cli.datasets.base import Split
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, require_extra
 
 CODE_VERSION = "1"  # bump whenever extraction or fine-tuning changes for the same inputs
 

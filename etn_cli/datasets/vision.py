@@ -27,7 +27,7 @@ from torch.utils.data import Dataset, Subset
 
 from etn_cli.config import build_config
 from etn_cli.datasets.base import DatasetSource, Split, datasets
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, require_extra
 
 CIFAR10_FRACTIONS = {"train": 0.95, "adapt": 0.05}
 
@@ -63,8 +63,6 @@ class VisionSource(DatasetSource):
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
         if self.needs_torchvision:
-            from etn_cli.backbones.base import require_extra
-
             require_extra(("torchvision",), "vision", f"Dataset {self.name!r}")
         super().__init__(root)
         where = f"[data.options.{self.name}]"
@@ -196,7 +194,7 @@ class CIFARSource(TorchvisionSource):
         return [(folder / name, md5) for name, md5 in listed]
 
     def construct(self, source_split: str) -> Dataset:
-        from etn_cli.store.safe_pickle import arrays_only_unpickling
+        from etn_cli.datasets.safe_pickle import arrays_only_unpickling
 
         cls = self.torchvision_class()
         train = source_split == "train"

@@ -11,7 +11,6 @@ file's name and sha256, and it records where the rows came from (``imported_from
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -19,7 +18,7 @@ from etn_cli.errors import EtnError
 from etn_cli.own_features.files import FeatureFile, read_classifier_file, read_feature_file
 from etn_cli.own_features.units import import_fingerprint
 from etn_cli.provenance import provenance
-from etn_cli.store import ShardWriter, save_classifier, split_is_complete, unit_lock
+from etn_cli.store import ShardWriter, save_classifier
 
 SHARD_ROWS = 65536
 LABELLED_ROLES = ("adapt", "test")
@@ -58,32 +57,6 @@ def write_split(features: FeatureFile, target: Path) -> None:
             arrays = (features.hidden, features.logits, labels, features.index)
             writer.append(*(a[rows] for a in arrays), layers)
         writer.extra["imported_from"] = {**fingerprint["imported"], "path": str(features.path)}
-
-
-def import_features(plan: Any, result: Any) -> Any:
-    """The extract stage of a ``[features]`` pipeline: import the files not imported yet;
-    folders of shards are read where they are."""
-    from etn_cli.stages.extract import split_name
-
-    pending = {}
-    for unit in plan.feature_units:
-        file = (unit.fingerprint or {}).get("file")
-        if file is None or split_is_complete(unit.path):
-            result.skip(unit.path, split_name(unit), "your own features")
-        else:
-            pending[Path(file)] = unit
-    if not pending:
-        return result
-    read = read_checked({path: unit.role for path, unit in pending.items()})
-    for path, unit in pending.items():
-        unit.path.parent.mkdir(parents=True, exist_ok=True)
-        with unit_lock(unit.path):
-            if split_is_complete(unit.path):  # imported by another run while we waited
-                result.skip(unit.path, split_name(unit), "finished by another run")
-                continue
-            with result.build(unit.path, split_name(unit), f"import {path.name}"):
-                write_split(read[path], unit.path)
-    return result
 
 
 def import_files(files: list[Path], out: Path, classifier: Path | None = None) -> list[str]:

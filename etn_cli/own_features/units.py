@@ -1,4 +1,5 @@
-"""Planning a ``[features]`` pipeline: your own features, as files or as shard folders.
+"""Where a ``[features]`` pipeline's splits and classifier live: your own features, as files
+or as shard folders (``etn_cli.plan`` builds the plan's units from these answers).
 
 ```toml
 [features]
@@ -66,44 +67,32 @@ def import_fingerprint(path: Path) -> dict[str, Any]:
     return {"imported": {"file": path.name, "sha256": file_digest(path)}, "version": 1}
 
 
-def own_features(pipeline: Any, data_dir: Path) -> Any:
-    """The plan of a ``[features]`` pipeline (heads are added by ``make_plan``)."""
-    from etn_cli.plan import FeatureUnit, Plan
+def own_store(pipeline: Any, data_dir: Path) -> Path:
+    """Where a ``[features]`` pipeline's imported files and fitted classifier are kept."""
+    return data_dir / "features" / f"{pipeline.features.backbone}-own"
 
-    spec = pipeline.features
-    store = data_dir / "features" / f"{spec.backbone}-own"
 
-    def unit(role: str, entry: str, name: str) -> FeatureUnit:
-        path = pipeline.resolve(entry)
-        if path.is_file() and is_feature_file(path):
-            fp = import_fingerprint(path)
-            key = fingerprint_key(fp)
-            target = store / f"{path.stem}-{key}"
-            return FeatureUnit(role, name, target, fingerprint={"byof": key, "file": str(path)})
-        if not path.is_dir():
-            raise EtnError(
-                f"Feature folder {path} ({pipeline.path} [features] {role}) does not exist. "
-                f"Point it at a folder of shard-*.h5 files or a {'/'.join(SUFFIXES)} file."
-            )
-        return FeatureUnit(role, name, path, fingerprint={"byof": split_key(path)})
+def feature_entry(pipeline: Any, store: Path, role: str, entry: str) -> tuple[Path, dict]:
+    """The split folder of one ``[features]`` entry and its fingerprint: a file's import
+    target under ``store`` (keyed by its sha256), or a folder of shards, where it is."""
+    path = pipeline.resolve(entry)
+    if path.is_file() and is_feature_file(path):
+        key = fingerprint_key(import_fingerprint(path))
+        return store / f"{path.stem}-{key}", {"byof": key, "file": str(path)}
+    if not path.is_dir():
+        raise EtnError(
+            f"Feature folder {path} ({pipeline.path} [features] {role}) does not exist. "
+            f"Point it at a folder of shard-*.h5 files or a {'/'.join(SUFFIXES)} file."
+        )
+    return path, {"byof": split_key(path)}
 
-    ood = [unit("ood", entry, Path(entry).stem) for entry in spec.ood]
-    adapt = unit("adapt", spec.adapt, spec.id_dataset)
-    plan = Plan(
-        pipeline=pipeline,
-        data_dir=data_dir,
-        backbone_name=spec.backbone,
-        id_dataset=spec.id_dataset,
-        adapt=adapt,
-        test=unit("test", spec.test, spec.id_dataset),
-        ood=ood,
-        classifier_path=None,
-    )
-    plan.classifier_source = classifier_source(pipeline, plan)
-    if plan.classifier_source is not None:
-        key = fingerprint_key(plan.classifier_source, 12)
-        plan.classifier_path = store.with_name(f"{store.name}-classifier-{key}") / CLASSIFIER
-    return plan
+
+def classifier_path(store: Path, source: dict[str, Any] | None) -> Path | None:
+    """Where the classifier of ``source`` is kept (keyed by its source); None for none."""
+    if source is None:
+        return None
+    key = fingerprint_key(source, 12)
+    return store.with_name(f"{store.name}-classifier-{key}") / CLASSIFIER
 
 
 def classifier_source(pipeline: Any, plan: Any) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from etn_cli.errors import EtnError
-from etn_cli.store.manifest import load_manifest, split_is_complete
+from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
 
 def prompt_record(plan: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from etn_cli.report.views import footnote, view
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
-PLOTS_VERSION = 4  # 3: one frontier file per metric, colour-blind palette, legend outside
+PLOTS_VERSION = 5  # 5: sweep plots keep a colour per score, swept values as ticks
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"
 REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
