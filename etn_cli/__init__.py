@@ -24,7 +24,8 @@ from etn_cli.provenance import etn_version
 __version__ = etn_version()
 _API = ("ETN", "EvidentialModel", "EvidentialOutput", "Head", "Prediction")
 _API += ("load_head", "make_head", "read_head")
-__all__ = ["EtnError", "__version__", "heads", *_API]
+_IMAGES = ("ImageFolder", "image_features")  # your own images (etn_cli.image_api)
+__all__ = ["EtnError", "__version__", "heads", *_API, *_IMAGES]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,6 +34,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("etn_cli.heads")
     if name in _API:
         return getattr(importlib.import_module("etn_cli.api"), name)
+    if name in _IMAGES:
+        return getattr(importlib.import_module("etn_cli.image_api"), name)
     raise AttributeError(f"module 'etn_cli' has no attribute {name!r}")
 
 

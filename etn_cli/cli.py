@@ -52,6 +52,7 @@ def _main_options(
 app.command()(cli_build.run)
 app.command()(cli_build.finetune)
 app.command()(cli_build.extract)
+app.command("import")(cli_build.import_command)
 app.command()(cli_build.train)
 app.command()(cli_build.evaluate)
 app.command()(cli_build.predict)

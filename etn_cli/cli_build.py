@@ -1,11 +1,12 @@
 """The ``etn`` commands that build units of a pipeline: ``run``, ``finetune``, ``extract``,
-``train``, ``evaluate`` and ``predict``. Each parses its options, plans the pipeline, calls one
-stage and prints what it did; :mod:`etn_cli.cli` registers them. :func:`load_plan` serves
-:mod:`etn_cli.cli_inspect` too.
+``import`` (features computed elsewhere), ``train``, ``evaluate`` and ``predict``. Each parses
+its options, plans the pipeline, calls one stage and prints what it did; :mod:`etn_cli.cli`
+registers them. :func:`load_plan` serves :mod:`etn_cli.cli_inspect` too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,13 +37,16 @@ def load_plan(
     overrides: list[str] | None = None,
     only: str | None = None,
     read_only: bool = False,
+    device: str | None = None,
 ) -> Any:
-    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything."""
+    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything; a
+    ``--device`` replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
     from etn_cli.backbones.base import read_only as building_nothing
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    loaded = dataclasses.replace(loaded, device=device) if device else loaded
     if not read_only:
         return make_plan(loaded, resolve_data_dir(data_dir))
     with building_nothing():
@@ -64,7 +68,7 @@ def plan_on(
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     dev = resolve_device(device or loaded.device)
     ensure_data_dir(resolve_data_dir(data_dir))
-    return load_plan(pipeline, data_dir, overrides, only), dev
+    return load_plan(pipeline, data_dir, overrides, only, device=device), dev
 
 
 def run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
@@ -174,6 +178,38 @@ def extract(
     summary = run_extract(plan, device=dev).summary()
     if is_main_process():
         typer.echo(summary)
+
+
+def import_command(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="FILE", help="Feature files (.npz, .safetensors, .h5), one per split."
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="DIR", help="Folder to write the splits into.")
+    ],
+    classifier: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="A .npz / .safetensors file with weight (C, D) and bias (C,)."
+        ),
+    ] = None,
+) -> None:
+    """Turn feature files into split folders (HDF5 shards + manifest), one per file.
+
+    Each file holds hidden (N, D), logits (N, C), labels (N,) and optionally index, layers/<name>,
+    weight and bias; every file is checked before anything is written. The folders can then be
+    named in a pipeline's [features] table (etn run also imports files named there itself).
+    """
+    from etn_cli.own_features.importer import import_files
+
+    missing = [str(p) for p in [*files, *([classifier] if classifier else [])] if not p.is_file()]
+    if missing:
+        raise EtnError(f"No such file: {', '.join(missing)}. Pass feature files to import.")
+    for line in import_files(files, out, classifier):
+        typer.echo(line)
 
 
 def train(

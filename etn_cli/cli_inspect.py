@@ -124,6 +124,9 @@ def status(
     format: FormatOption = "table",
     overrides: Overrides = None,
     only: Only = None,
+    prompt: Annotated[
+        bool, typer.Option("--prompt", help="Also print an LLM's rendered example prompt.")
+    ] = False,
 ) -> None:
     """Show which units of a pipeline are done, partial or missing (nothing is written).
 
@@ -136,3 +139,7 @@ def status(
     fmt = check_format(format)
     plan = load_plan(pipeline, data_dir, overrides, only, read_only=True)
     typer.echo(render_status(plan, unit_status(plan), fmt))
+    if prompt:
+        from etn_cli.stages.prompt_example import render_prompt
+
+        typer.echo(render_prompt(plan))

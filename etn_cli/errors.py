@@ -1,9 +1,33 @@
 """Domain errors: anything a user can fix becomes an :class:`EtnError` with a one-line message."""
 
+WORKER_PREFIX = "Caught EtnError"  # how torch's DataLoader re-raises a worker's error
+MARKER = "EtnError: "
+
 
 class EtnError(Exception):
     """A user-facing error: what was expected, what was found, and how to fix it.
 
     The CLI prints the message on one line and exits with status 2; bugs are left as ordinary
-    exceptions so that they keep their traceback.
+    exceptions so that they keep their traceback. An EtnError raised in a DataLoader worker
+    (an unreadable image) comes back from torch as ``EtnError("Caught EtnError in DataLoader
+    worker ... Original Traceback ... EtnError: <message>")``; only ``<message>`` is kept.
     """
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        text = str(message)
+        if text.startswith(WORKER_PREFIX) and MARKER in text:
+            message = text.rsplit(MARKER, 1)[1].strip()
+        super().__init__(message, *args)
+
+
+def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
+    """One line naming the pip extra to install when an optional dependency is missing (the
+    digits default needs none of them)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EtnError(
+            f"{what} needs {', '.join(missing)}, which is not installed here. Install it with "
+            f"pip install 'etn-cli[{extra}]' (or pip install {' '.join(missing)})."
+        )

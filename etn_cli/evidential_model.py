@@ -26,6 +26,7 @@ from etn_cli.backbones.image_inputs import collate_images
 from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head
+from etn_cli.prompts import PromptTemplate, resolve_template
 
 
 def check_head_fits(head: Head, hidden_size: int, num_classes: int, backbone: str) -> None:
@@ -121,14 +122,17 @@ class EvidentialModel(nn.Module):
         letters: Sequence[str] = ("A", "B", "C", "D"),
         template: str = "default",
         *,
+        choice_line: str = "{letter}. {text}",
         max_length: int = 2048,
         layers: Sequence[int | str] = (),
     ) -> EvidentialModel:
         """A Hugging Face causal LM answering multiple-choice questions with ``letters``.
         Inputs are question dicts (``question``, ``choices``, optional ``context``), rendered
-        with ``template`` (a name of :data:`etn_cli.prompts.TEMPLATES` or a format string),
-        or prompt strings ending where the answer letter follows; one input or a list."""
-        features = MultipleChoiceFeatures(model, tokenizer, letters, template, max_length, layers)
+        with ``template`` (a name of :data:`etn_cli.prompts.TEMPLATES` or a format string) and
+        ``choice_line``, or prompt strings ending where the answer letter follows; one input or
+        a list. The tokenizer is used as it is and never changed."""
+        template_ = resolve_template(template, choice_line)
+        features = MultipleChoiceFeatures(model, tokenizer, letters, template_, max_length, layers)
         return cls(features, head)
 
     @classmethod
@@ -167,11 +171,16 @@ class EvidentialModel(nn.Module):
                 head,
                 c.letters,
                 c.prompt_template,
+                choice_line=c.choice_line,
                 max_length=c.max_length,
                 layers=c.layers,
             )
         if not isinstance(getattr(backbone, "model", None), nn.Module):
             raise EtnError(f"Backbone {backbone.name!r} exposes no torch module to wrap.")
+        if backbone.name == "torchvision":  # its own forward: TorchScript, features, autocast
+            from etn_cli.backbones.torchvision_module import BackboneFeatures
+
+            return cls(BackboneFeatures(backbone), head)
         features = ImageClassifierFeatures(
             backbone.model,
             getattr(backbone, "transform", None),
@@ -253,7 +262,7 @@ class MultipleChoiceFeatures(nn.Module):
         model: Any,
         tokenizer: Any,
         letters: Sequence[str],
-        template: str,
+        template: PromptTemplate,
         max_length: int,
         layers: Sequence[int | str],
     ) -> None:
@@ -263,18 +272,20 @@ class MultipleChoiceFeatures(nn.Module):
             layer_modules,
             probe_prompt,
         )
-        from etn_cli.prompts import resolve_template
 
         super().__init__()
         self.model, self.tokenizer, self.max_length = model.eval(), tokenizer, max_length
         self.letters = tuple(letters)
         if len(self.letters) < 2 or len(set(self.letters)) != len(self.letters):
             raise EtnError(f"letters must be two or more distinct strings, got {letters!r}.")
-        self.template = resolve_template(template)
-        if tokenizer.pad_token_id is None:  # as etn's own loader does: pad with EOS
+        self.template = template
+        # as etn's own loader does, pad with EOS when there is no pad token, without setting
+        # one on the caller's tokenizer (left padding is done by pad_left, not the tokenizer)
+        self.pad_id = tokenizer.pad_token_id
+        if self.pad_id is None:
             if tokenizer.eos_token_id is None:
                 raise EtnError("The tokenizer has neither a pad nor an EOS token; set pad_token.")
-            tokenizer.pad_token = tokenizer.eos_token
+            self.pad_id = tokenizer.eos_token_id
         probe = probe_prompt(self.template, self.letters)
         self.answer = find_answer_tokens(tokenizer, probe, self.letters)
         check_letter_logits(model, tokenizer, probe, self.answer.ids)
@@ -300,10 +311,10 @@ class MultipleChoiceFeatures(nn.Module):
                 f"Expected a prompt string or a question with 'question' text and a 'choices' "
                 f"list, got {item!r:.80}."
             )
-        if len(choices) != len(self.letters):
+        if len(choices) > len(self.letters):
             raise EtnError(
                 f"Question {question!r:.60} has {len(choices)} choices but the letters are "
-                f"{list(self.letters)}. Pass letters=... to match."
+                f"{list(self.letters)}; expected at most one choice per letter. Pass letters=...."
             )
         return self.template.render(question, [str(c) for c in choices], self.letters, context)
 
@@ -316,7 +327,7 @@ class MultipleChoiceFeatures(nn.Module):
         if not items:
             raise EtnError("Expected at least one question or prompt, got none.")
         encoded = self.tokenizer([self.prompt(item) for item in items])["input_ids"]
-        return pad_left([ids[-self.max_length :] for ids in encoded], self.tokenizer.pad_token_id)
+        return pad_left([ids[-self.max_length :] for ids in encoded], self.pad_id)
 
     def forward(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         from etn_cli.backbones.lm_forward import (

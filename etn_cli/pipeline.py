@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from etn_cli.config import build_config
 from etn_cli.errors import EtnError
@@ -46,17 +47,20 @@ class DataSpec:
     root: str | None = None  # where datasets that need files on disk look for them
     batch_size: int = 256
     shard_rows: int = 65536
-    workers: int = 0  # data-loading processes for extract (torchvision backbones)
+    # data-loading processes for extract (torchvision backbones): a number, or "auto"
+    workers: int | Literal["auto"] = 0
     options: dict = field(default_factory=dict)  # dataset name -> its options table
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.shard_rows < 1 or self.workers < 0:
+        bad_workers = self.workers != "auto" and self.workers < 0
+        if self.batch_size < 1 or self.shard_rows < 1 or bad_workers:
             raise EtnError(
-                f"[data] expects batch_size >= 1, shard_rows >= 1 and workers >= 0, found "
-                f"{self.batch_size}, {self.shard_rows} and {self.workers}. Fix them."
+                f"[data] expects batch_size >= 1, shard_rows >= 1 and workers >= 0 (or "
+                f'"auto"), found {self.batch_size}, {self.shard_rows} and {self.workers}. Fix them.'
             )
         check_fit_rows(self.fit, self.fit_rows, "[data]")
         check_groups(self.groups, self.ood, "[data.groups]")
+        object.__setattr__(self, "workers", loader_workers(self.workers))
         used = {self.id, *(name for name, _ in self.ood_sources())}
         for name, table in self.options.items():
             if name not in used or not isinstance(table, dict):
@@ -70,6 +74,15 @@ class DataSpec:
         return [
             tuple(entry.split(":", 1)) if ":" in entry else (entry, "test") for entry in self.ood
         ]
+
+
+def loader_workers(workers: int | str) -> int:
+    """Loader processes for ``[data] workers``: at most the cores this process may use, so a
+    pipeline written for a large machine does not oversubscribe a laptop; ``"auto"`` takes
+    them all, up to 8 (image decoding rarely needs more per GPU)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    return min(cores, 8) if workers == "auto" else min(int(workers), cores)
 
 
 @dataclass(frozen=True)

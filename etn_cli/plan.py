@@ -23,6 +23,7 @@ from typing import Any
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HEAD_FORMAT
+from etn_cli.own_features.units import drop_unusable
 from etn_cli.pipeline import HeadSpec, Pipeline
 from etn_cli.plan_own import own_features
 from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
@@ -41,8 +42,30 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     data_dir = Path(data_dir).resolve()
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
     plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
-    plan.heads = _head_units(plan)
+    plan.heads, plan.skipped = drop_unusable(_head_units(plan), plan)
     plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
+    return plan
+
+
+def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
+    """The plan of a ``[features]`` pipeline: files to import or shard folders read in place
+    (:mod:`etn_cli.own_features.units`); heads are added by ``make_plan``."""
+    from etn_cli.own_features import units
+
+    spec = pipeline.features
+    assert spec is not None
+    store = units.own_store(pipeline, data_dir)
+
+    def unit(role: str, entry: str, name: str) -> FeatureUnit:
+        path, fingerprint = units.feature_entry(pipeline, store, role, entry)
+        return FeatureUnit(role, name, path, fingerprint=fingerprint)
+
+    ood = [unit("ood", entry, Path(entry).stem) for entry in spec.ood]
+    adapt = unit("adapt", spec.adapt, spec.id_dataset)
+    test = unit("test", spec.test, spec.id_dataset)
+    plan = Plan(pipeline, data_dir, spec.backbone, spec.id_dataset, adapt, test, ood, None)
+    plan.classifier_source = units.classifier_source(pipeline, plan)
+    plan.classifier_path = units.classifier_path(store, plan.classifier_source)
     return plan
 
 
@@ -70,12 +93,13 @@ def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = ""
     import difflib
 
     source = open_source(pipeline, dataset)
-    if split not in source.splits:
-        close = difflib.get_close_matches(split, source.splits, n=1, cutoff=0.5)
+    if not source.has_split(split):
+        names = source.available()
+        close = difflib.get_close_matches(split, names, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise EtnError(
             f"Dataset {dataset!r} has no split {split!r} ({pipeline.path}{where}).{hint} "
-            f"Available: {', '.join(source.splits)}"
+            f"Available: {', '.join(names) or 'none'}"
         )
     return source
 
@@ -116,13 +140,15 @@ def _resolve_path_options(pipeline: Pipeline, keys: tuple[str, ...]) -> dict[str
 
 def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     from etn_cli.backbones import backbones
+    from etn_cli.backbones.precision import planned_device
     from etn_cli.config import build_config
 
     assert pipeline.data is not None and pipeline.backbone is not None
     cls = backbones.get(pipeline.backbone)
     options = _resolve_path_options(pipeline, getattr(cls, "PATH_OPTIONS", ()))
     config = build_config(cls.Config, options, f"{pipeline.path} [backbone]")
-    backbone = cls(config, cache_dir=data_dir / "backbones")
+    device = planned_device(pipeline.device)  # dtype = "auto" resolves for the run's device
+    backbone = cls(config, cache_dir=data_dir / "backbones", device=device)
     backbone_fp = backbone.fingerprint()
     finetune = _finetune_unit(pipeline, data_dir, backbone) if pipeline.finetune else None
     if finetune is not None:
@@ -144,18 +170,19 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         folder = root / f"{dataset}.{split}-{fingerprint_key(fp)}"
         return FeatureUnit(role, name, folder, dataset, split, fp, rows)
 
-    names = [ds if sp == "test" else f"{ds}:{sp}" for ds, sp in data.ood_sources()]
+    names = [open_source(pipeline, ds).display_name(sp) for ds, sp in data.ood_sources()]
     ood = [unit("ood", ds, sp, n) for (ds, sp), n in zip(data.ood_sources(), names, strict=True)]
+    id_name = open_source(pipeline, data.id).display_name(None)  # "my_images" for image_folder
     fit = (
-        unit("fit", data.id, data.fit, f"{data.id}:{data.fit}", data.fit_rows) if data.fit else None
+        unit("fit", data.id, data.fit, f"{id_name}:{data.fit}", data.fit_rows) if data.fit else None
     )
     return Plan(
         pipeline=pipeline,
         data_dir=data_dir,
         backbone_name=pipeline.backbone,
-        id_dataset=data.id,
-        adapt=unit("adapt", data.id, data.adapt, data.id),
-        test=unit("test", data.id, data.test, data.id),
+        id_dataset=id_name,
+        adapt=unit("adapt", data.id, data.adapt, id_name),
+        test=unit("test", data.id, data.test, id_name),
         ood=ood,
         classifier_path=root / "classifier.safetensors",
         fit=fit,

@@ -77,6 +77,10 @@ class Plan:
     finetune: FinetuneUnit | None = None  # when the pipeline has a [finetune] table
     heads: list[HeadUnit] = field(default_factory=list)
     metrics: list[MetricsUnit] = field(default_factory=list)
+    # [features] pipelines: where the classifier comes from (given, in a file, fitted), and
+    # one line per head left out for want of one
+    classifier_source: dict[str, Any] | None = None
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def feature_units(self) -> list[FeatureUnit]:

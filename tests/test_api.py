@@ -448,8 +448,8 @@ def test_a_causal_lm_and_head_equal_extract_then_predict(llm) -> None:  # noqa: 
     np.testing.assert_allclose(model(prompts[0]).probs, out.probs[:1], atol=1e-5)
     wrapped = etn_cli.EvidentialModel.from_pipeline(pipeline, data_dir=data)
     np.testing.assert_allclose(wrapped(records[:5]).probs, out.probs[:5], atol=1e-5)
-    with pytest.raises(EtnError, match="has 3 choices but the letters"):
-        model({"question": "?", "choices": ["a", "b", "c"]})
+    with pytest.raises(EtnError, match="has 5 choices but the letters"):
+        model({"question": "?", "choices": ["a", "b", "c", "d", "e"]})
 
 
 def test_predict_reads_questions_from_jsonl(llm, tmp_path) -> None:  # noqa: ANN001

@@ -486,7 +486,13 @@ CASES: dict[str, Case] = {
 def test_bad_input_is_one_clear_line_exit_2_and_changes_nothing(
     name: str, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture
 ) -> None:
-    case = CASES[name]
+    check_case(CASES[name], tmp_path, request, capsys)
+
+
+def check_case(
+    case: Case, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture
+) -> None:
+    """Run the case's command; one error line with its phrases, exit 2, nothing changed."""
     pipeline = case.setup(tmp_path, request)
     data = tmp_path / "data"
     before = snapshot(data)

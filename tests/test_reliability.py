@@ -455,7 +455,7 @@ def test_each_input_of_an_llm_pipeline_gives_new_feature_keys(tmp_path: Path) ->
         "adapter": {"option": f'adapter = "{adapter}"'},
         "prompt template": {"option": 'prompt_template = "instruction"'},
         "answer letters": {"option": 'letters = ["D", "C", "B", "A"]'},
-        "dtype": {"option": 'dtype = "float32"'},
+        "dtype": {"option": 'dtype = "bfloat16"'},
         "max length": {"option": "max_length = 64"},
     }
     seen = {tuple(base["features"])}

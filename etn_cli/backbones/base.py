@@ -74,6 +74,11 @@ class Backbone:
         hidden, logits = self.forward(inputs)
         return hidden, logits, {}
 
+    def manifest_extras(self, split: Split) -> dict[str, Any]:
+        """What a split's manifest records about how this backbone read it, beyond the
+        fingerprint (an LLM's rendered example prompt and answer token ids); JSON-able."""
+        return {}
+
     def finetune(self, train: Split, settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         """Stage zero (``etn finetune``): train the in-distribution model on ``train`` with the
         pipeline's ``[finetune]`` settings and write it (weights or adapter, safetensors) into

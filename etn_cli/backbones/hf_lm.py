@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -50,9 +50,10 @@ from etn_cli.backbones.lm_forward import (
     probe_prompt,
 )
 from etn_cli.backbones.lora import LoraSettings
+from etn_cli.backbones.precision import DtypeName, resolve_dtype
 from etn_cli.datasets.base import Split
-from etn_cli.errors import EtnError
-from etn_cli.prompts import resolve_template
+from etn_cli.errors import EtnError, require_extra
+from etn_cli.prompts import CHOICE_LINE, resolve_template
 
 CODE_VERSION = "1"  # bump when the computation of hidden states or logits changes
 
@@ -64,9 +65,10 @@ class Config:
     model: str = ""  # hub id ("meta-llama/Llama-3.1-8B") or local folder
     revision: str | None = None  # hub branch, tag or commit
     adapter: str | None = None  # peft adapter folder (adapter_model.safetensors)
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: DtypeName = "auto"  # bfloat16 on CUDA, float32 elsewhere
     letters: tuple[str, ...] = ("A", "B", "C", "D")
     prompt_template: str = "default"  # a name in etn_cli.prompts.TEMPLATES or a format string
+    choice_line: str = CHOICE_LINE  # one answer choice: "{letter}. {text}"
     max_length: int = 2048  # longer prompts lose their beginning (with a warning)
     layers: tuple[int | str, ...] = ()  # extra pooled layers for dmm: indices, "all", names
     trust_remote_code: bool = False
@@ -90,7 +92,7 @@ class Config:
             )
         if self.max_length < 16:
             raise EtnError(f"max_length must be at least 16 tokens, got {self.max_length}.")
-        resolve_template(self.prompt_template)
+        resolve_template(self.prompt_template, self.choice_line)
         bad = [s for s in self.layers if isinstance(s, str) and ("/" in s or not s.strip("."))]
         if bad:
             raise EtnError(f"layers entries {bad} cannot name stored arrays; drop the '/'.")
@@ -106,8 +108,10 @@ class CausalLMBackbone(Backbone):
     FinetuneConfig = LoraSettings  # the [finetune] keys, checked at plan time
 
     def __init__(self, config: Config, cache_dir: Path, device: str = "cpu") -> None:
+        require_extra(("transformers", "tokenizers"), "llm", "The hf_causal_lm backbone")
         super().__init__(config, cache_dir, device)
-        self.template = resolve_template(config.prompt_template)
+        self.template = resolve_template(config.prompt_template, config.choice_line)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         self.adapter_dir = check_adapter_folder(config.adapter) if config.adapter else None
         self.finetuned_dir: Path | None = None
         self._location: ModelLocation | None = None
@@ -164,7 +168,7 @@ class CausalLMBackbone(Backbone):
             hf_logging.disable_progress_bar()
         location = self.location
         options: dict[str, Any] = {
-            "dtype": getattr(torch, self.config.dtype),
+            "dtype": getattr(torch, self.dtype),
             "device_map": str(self.device),  # straight onto the device, no copy in host memory
             "use_safetensors": True,
             "trust_remote_code": self.config.trust_remote_code,
@@ -202,7 +206,7 @@ class CausalLMBackbone(Backbone):
                 "name": self.name,
                 "model": model,
                 "adapter": adapter_fingerprint(adapter) if adapter else None,
-                "dtype": self.config.dtype,
+                "dtype": self.dtype,
                 "letters": list(self.config.letters),
                 "answer_tokens": {"variant": answer.variant, "ids": list(answer.ids)},
                 "prompt_template": self.template.fingerprint(),
@@ -224,6 +228,31 @@ class CausalLMBackbone(Backbone):
         text = self._model_config.get("text_config") or self._model_config
         return int(text["hidden_size"])
 
+    def prompts(self, split: Split, questions: list[Any]) -> list[str]:
+        """Every question of ``split`` as prompt text; more choices than letters is an error."""
+        letters = self.config.letters
+        for number, q in enumerate(questions):
+            if len(q.choices) > len(letters):
+                raise EtnError(
+                    f"Question {number} of {split.dataset}/{split.split} has {len(q.choices)} "
+                    f"choices but letters = {list(letters)}; expected at most one choice per "
+                    "letter. Add letters in [backbone]."
+                )
+        return [self.template.render(q.question, q.choices, letters, q.context) for q in questions]
+
+    def manifest_extras(self, split: Split) -> dict[str, Any]:
+        """The split's first prompt as the model reads it and the answer letters' token ids, so
+        a manifest shows exactly what was asked (``etn status --prompt`` prints them)."""
+        questions = getattr(split.data, "questions", None)
+        if not questions:
+            return {}
+        answer = self.answer_tokens
+        return {
+            "example_prompt": self.prompts(split, questions[:1])[0],
+            "answer_tokens": dict(zip(self.config.letters, answer.ids, strict=True)),
+            "answer_token_variant": answer.variant,
+        }
+
     def encode(self, split: Split) -> tuple[list[list[int]], torch.Tensor]:
         """Token ids of every prompt of ``split`` (cut to ``max_length`` from the left) and
         the answer labels (N,)."""
@@ -233,16 +262,7 @@ class CausalLMBackbone(Backbone):
                 f"hf_causal_lm reads multiple-choice questions, but dataset {split.dataset!r} "
                 f"yields {type(split.data).__name__}. Use race, obqa, mmlu_* or tiny_mcqa."
             )
-        letters = self.config.letters
-        for number, q in enumerate(questions):
-            if len(q.choices) != len(letters):
-                raise EtnError(
-                    f"Question {number} of {split.dataset}/{split.split} has {len(q.choices)} "
-                    f"choices but letters = {list(letters)}. Set letters to match."
-                )
-        prompts = [
-            self.template.render(q.question, q.choices, letters, q.context) for q in questions
-        ]
+        prompts = self.prompts(split, questions)
         encoded = self.tokenizer(prompts)["input_ids"]
         limit = self.config.max_length
         if cut := sum(len(ids) > limit for ids in encoded):

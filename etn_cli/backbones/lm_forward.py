@@ -132,7 +132,7 @@ def postprocess_logits(z: torch.Tensor, config: Any) -> torch.Tensor:
 def check_letter_logits(model: Any, tokenizer: Any, prompt: str, ids: Sequence[int]) -> None:
     """Compare :func:`letter_logits` with the model's full forward on ``prompt``; a mismatch
     means the architecture transforms its logits in a way etn does not reproduce."""
-    batch = pad_left([tokenizer(prompt)["input_ids"]], tokenizer.pad_token_id)
+    batch = pad_left([tokenizer(prompt)["input_ids"]], 0)  # one prompt: nothing is padded
     device = model.get_output_embeddings().weight.device
     with torch.inference_mode():
         ours = letter_logits(model, final_hidden(model, batch), ids).float()  # (1, C)

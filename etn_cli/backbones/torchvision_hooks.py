@@ -77,12 +77,19 @@ class Captured:
     head_output: torch.Tensor | None = None  # (B, C)
     head_calls: int = 0
     layers: dict[str, torch.Tensor] = field(default_factory=dict)
+    features: Any = None  # the raw output of a ``features`` module, when one is named
 
 
 @contextlib.contextmanager
-def capture(head: nn.Module, layers: dict[str, nn.Module]) -> Iterator[Captured]:
-    """Hooks on ``head`` and ``layers`` for the duration of the block; removed afterwards."""
+def capture(
+    head: nn.Module, layers: dict[str, nn.Module], features: nn.Module | None = None
+) -> Iterator[Captured]:
+    """Hooks on ``head``, ``layers`` (and the ``features`` module) for the duration of the
+    block; removed afterwards."""
     seen = Captured()
+
+    def features_output(module: nn.Module, args: Any, output: Any) -> None:
+        seen.features = output
 
     def head_input(module: nn.Module, args: tuple[Any, ...]) -> None:
         seen.head_input = args[0]
@@ -105,6 +112,8 @@ def capture(head: nn.Module, layers: dict[str, nn.Module]) -> Iterator[Captured]
 
     handles = [head.register_forward_pre_hook(head_input), head.register_forward_hook(head_output)]
     handles += [m.register_forward_hook(layer_hook(n)) for n, m in layers.items()]
+    if features is not None:
+        handles.append(features.register_forward_hook(features_output))
     try:
         yield seen
     finally:

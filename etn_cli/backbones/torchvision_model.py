@@ -5,8 +5,12 @@
 name = "torchvision"
 model = "resnet50"            # any classification model of torchvision.models.list_models()
 weights = "IMAGENET1K_V2"     # weights name, checkpoint file, etn finetune folder, or "none"
-dtype = "bfloat16"            # autocast on CUDA; features are stored as float32
+dtype = "auto"                # bfloat16 autocast on CUDA, float32 elsewhere; stored as float32
 ```
+
+A model of your own: ``checkpoint = "model.safetensors"`` (a state dict for ``model``) or a
+TorchScript file, with ``features`` / ``classifier`` naming its layers and ``transforms``
+naming torchvision weights whose preprocessing it uses (:mod:`etn_cli.backbones.own_model`).
 
 Hidden state = the input of the final classifier layer (the last ``nn.Linear``, or
 ``classifier_layer``), read by a forward pre-hook; logits = the model's output, checked to be
@@ -27,7 +31,6 @@ Extract-time extras (``Backbone.extract_batch``), with the same meaning as for `
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,24 +40,22 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from etn_cli.backbones import own_model
 from etn_cli.backbones import torchvision_weights as tvw
 from etn_cli.backbones.base import Backbone, backbones
 from etn_cli.backbones.image_inputs import (
     ImageTransform,
     TransformedImages,
-    TransformSpec,
     collate_images,
     override,
-    spec_from_weights,
 )
+from etn_cli.backbones.precision import DTYPES, DtypeName, resolve_dtype
 from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
-from etn_cli.backbones.vision_finetune import FinetuneConfig, seeded, train_classifier
-from etn_cli.config import build_config, config_dict
+from etn_cli.backbones.vision_finetune import FinetuneConfig
 from etn_cli.datasets.base import Split
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, require_extra
 
 CODE_VERSION = "1"  # bump whenever extraction or fine-tuning changes for the same inputs
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -65,17 +66,21 @@ class Config:
 
     model: str = "resnet50"
     weights: str = "DEFAULT"
+    checkpoint: str | None = None  # your own model: a state dict for ``model``, or TorchScript
     num_classes: int | None = None
     seed: int = 0  # random initialisation with weights = "none"
     download: bool = False
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DtypeName = "auto"
+    transforms: str | None = None  # preprocessing of these torchvision weights
     resize: int | None = None
     crop: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None
     dropout: float | None = None  # for builders that take it (VGG: 0.5 unless set)
-    classifier_layer: str | None = None
+    classifier: str | None = None  # the final linear layer (default: the last nn.Linear)
+    classifier_layer: str | None = None  # the earlier name of ``classifier``
+    features: str | None = None  # the module whose output is the hidden state
     layers: tuple[str, ...] = ()
     odin: bool = False
     odin_temperature: float = 1000.0
@@ -99,6 +104,17 @@ class Config:
                 "layers may not contain 'odin': extract stores ODIN's logits under that name. "
                 "Remove it (odin = true asks for them)."
             )
+        if self.classifier and self.classifier_layer:
+            raise EtnError("Give classifier or classifier_layer (its earlier name), not both.")
+        if self.checkpoint and self.weights not in ("DEFAULT", "none"):
+            raise EtnError(
+                f"Give weights or checkpoint, not both (found weights = {self.weights!r} and "
+                f"checkpoint = {self.checkpoint!r}). A file of your own goes in checkpoint."
+            )
+
+    @property
+    def head_layer(self) -> str | None:
+        return self.classifier or self.classifier_layer
 
 
 @backbones.register("torchvision")
@@ -107,25 +123,28 @@ class TorchvisionBackbone(Backbone):
 
     name = "torchvision"
     Config = Config
-    PATH_OPTIONS = ("weights",)  # resolved relative to the pipeline file
+    PATH_OPTIONS = ("weights", "checkpoint")  # resolved relative to the pipeline file
     FinetuneConfig = FinetuneConfig
 
     def __init__(self, config: Config | None, cache_dir: Path, device: str = "cpu") -> None:
+        require_extra(("torchvision",), "vision", "The torchvision backbone")
         super().__init__(config if config is not None else Config(), cache_dir, device)
         c = self.config
-        self.weights = tvw.resolve_weights(c.model, c.weights, c.num_classes, c.seed)
+        self.dtype = resolve_dtype(c.dtype, self.device)
+        self.weights = own_model.resolve_source(c)
         tvw.check_hub_file(self.weights, c.download)
-        base = (
-            spec_from_weights(self.weights.enum.transforms(), str(self.weights.enum))
-            if self.weights.kind == "hub"
-            else TransformSpec()
-        )
         options = {k: getattr(c, k) for k in ("resize", "crop", "mean", "std", "interpolation")}
-        self.transform = ImageTransform(override(base, **options))
-        architecture = tvw.skeleton(c.model, self.builder_options())  # names checked early
-        find_classifier(architecture, c.classifier_layer)
-        named_layers(architecture, c.layers)
+        self.transform = ImageTransform(override(own_model.base_spec(c, self.weights), **options))
+        if self.weights.kind == "torchscript":
+            own_model.check_torchscript_options(c)
+        else:
+            architecture = tvw.skeleton(c.model, self.builder_options())  # names checked early
+            find_classifier(architecture, c.head_layer)
+            named_layers(architecture, c.layers)
+            own_model.check_features_name(architecture, c.features)
         self.finetuned: str | None = None
+        self.scripted: own_model.ScriptedClassifier | None = None
+        self.features_module: torch.nn.Module | None = None
         self._model: torch.nn.Module | None = None
 
     # -- loading ----------------------------------------------------------------------------
@@ -135,38 +154,43 @@ class TorchvisionBackbone(Backbone):
         """The network on ``self.device`` in eval mode, built on first use."""
         if self._model is None:
             c = self.config
-            self.check_dtype()
             # ordinary tensors even when first used under inference_mode: ODIN needs gradients
             with torch.inference_mode(False):
+                if self.weights.kind == "torchscript":
+                    model = own_model.load_torchscript(self.weights.path).to(self.device)
+                    self.scripted = own_model.ScriptedClassifier(model, c.head_layer)
+                    self.head_name, self.head = self.scripted.head_name, self.scripted.head
+                    self.layer_modules: dict[str, torch.nn.Module] = {}
+                    self._model = model.eval()
+                    return self._model
                 model = tvw.build_model(c.model, self.weights, c.download, self.builder_options())
                 self._model = model.to(self.device).eval()
-            self.head_name, self.head = find_classifier(model, self.config.classifier_layer)
-            self.layer_modules = named_layers(model, self.config.layers)
+            self.head_name, self.head = find_classifier(model, c.head_layer)
+            self.layer_modules = named_layers(model, c.layers)
+            self.features_module = model.get_submodule(c.features) if c.features else None
         return self._model
 
     def builder_options(self) -> dict[str, Any]:
         return {} if self.config.dropout is None else {"dropout": self.config.dropout}
 
-    def check_dtype(self) -> None:
-        if self.config.dtype != "float32" and self.device.type != "cuda":
-            raise EtnError(
-                f"dtype = {self.config.dtype!r} runs autocast on a CUDA device, but the device "
-                f'is {self.device}. Use dtype = "float32" on the CPU, or --device cuda.'
-            )
-
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.config.dtype == "float32":
+        """Autocast in the resolved dtype (torch's CPU autocast for half precision on a CPU)."""
+        if self.dtype == "float32":
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.config.dtype])
+        return torch.autocast(self.device.type, dtype=DTYPES[self.dtype])
 
     def fingerprint(self) -> dict[str, Any]:
         import torchvision
 
-        fields = ("model", "num_classes", "dtype", "dropout", "classifier_layer", "layers")
+        fields = ("model", "num_classes", "dropout", "layers")
         odin = ("odin", "odin_temperature", "odin_epsilon") if self.config.odin else ()
+        features = {"features": self.config.features} if self.config.features else {}
         return {
             "name": self.name,
             **{key: getattr(self.config, key) for key in fields + odin},
+            "dtype": self.dtype,
+            "classifier_layer": self.config.head_layer,
+            **features,
             "weights": self.weights.fingerprint,
             "finetuned": self.finetuned,
             "transform": self.transform.spec.describe(),
@@ -176,11 +200,11 @@ class TorchvisionBackbone(Backbone):
 
     @property
     def num_classes(self) -> int:
-        return self.final_layer().out_features
+        return own_model.linear_shape(self.final_layer())[1]
 
     @property
     def hidden_size(self) -> int:
-        return self.final_layer().in_features
+        return own_model.linear_shape(self.final_layer())[0]
 
     def final_layer(self) -> torch.nn.Linear:
         self.model  # noqa: B018 - builds the model, which sets self.head
@@ -216,10 +240,16 @@ class TorchvisionBackbone(Backbone):
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """One forward pass: ``(hidden (B, D), logits (B, C), pooled layers)``, float32."""
         model = self.model
+        if self.scripted is not None:
+            with self.autocast():
+                hidden, logits = self.scripted(x)  # (B, D), (B, C)
+            return hidden.float(), logits.float(), {}
         layers = self.layer_modules if with_layers else {}
-        with capture(self.head, layers) as seen, self.autocast():
+        with capture(self.head, layers, self.features_module) as seen, self.autocast():
             logits = model(x)  # (B, C)
         hidden = check_head(seen, logits, self.head_name)  # (B, D)
+        if self.features_module is not None:
+            own_model.features_output(seen.features, hidden, self.config.features, self.head_name)
         return hidden.float(), logits.float(), seen.layers
 
     @torch.inference_mode()
@@ -256,7 +286,7 @@ class TorchvisionBackbone(Backbone):
 
     def classifier(self) -> dict[str, torch.Tensor]:
         layer = self.final_layer()
-        bias = layer.bias if layer.bias is not None else torch.zeros(layer.out_features)
+        bias = layer.bias if layer.bias is not None else torch.zeros(self.num_classes)
         return {
             "weight": layer.weight.detach().float().cpu().clone(),  # (C, D)
             "bias": bias.detach().float().cpu().clone(),  # (C,)
@@ -267,43 +297,9 @@ class TorchvisionBackbone(Backbone):
     def finetune(self, train: Split, settings: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         """Cross-entropy training of the whole model on ``train`` (see ``vision_finetune``);
         writes ``model.safetensors`` into ``out_dir`` and returns the training record."""
-        from safetensors.torch import save_file
+        from etn_cli.backbones.vision_finetune import finetune_backbone
 
-        cfg = build_config(FinetuneConfig, settings, "the pipeline's [finetune] table")
-        started = time.perf_counter()
-        with seeded(cfg.seed, self.device):
-            model = self.model
-            loader = self.train_loader(train, cfg)
-            amp = None if self.config.dtype == "float32" else DTYPES[self.config.dtype]
-            desc = f"finetune {self.config.model}"
-            history = train_classifier(model, loader, cfg, self.device, amp, desc)
-        model.eval()
-        state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(state, str(Path(out_dir) / tvw.FINETUNED_FILE))
-        return {
-            "model": self.config.model,
-            "started_from": self.weights.fingerprint,
-            "settings": config_dict(cfg),
-            "train_rows": len(train),
-            "history": history,
-            "seconds": time.perf_counter() - started,
-            "device": str(self.device),
-            "dtype": self.config.dtype,
-            "weights_file": tvw.FINETUNED_FILE,
-        }
-
-    def train_loader(self, train: Split, cfg: FinetuneConfig) -> DataLoader:
-        data = TransformedImages(train.data, train.index, self.transform)
-        return DataLoader(
-            data,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(cfg.seed),
-            num_workers=cfg.workers,
-            pin_memory=self.device.type == "cuda",
-            collate_fn=collate_images,
-            drop_last=len(data) % cfg.batch_size == 1,  # batch norm cannot train on one sample
-        )
+        return finetune_backbone(self, train, settings, Path(out_dir))
 
     def use_finetuned(self, out_dir: Path) -> None:
         """Load ``out_dir/model.safetensors`` (written by :meth:`finetune`) from now on."""

@@ -147,3 +147,58 @@ def seeded(seed: int, device: torch.device):  # noqa: ANN201
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         yield
+
+
+def finetune_backbone(backbone: Any, train: Any, settings: dict[str, Any], out_dir: Any) -> dict:
+    """Train ``backbone`` (a torchvision backbone) on ``train`` with the ``[finetune]``
+    settings; write ``model.safetensors`` into ``out_dir`` and return the training record."""
+    from safetensors.torch import save_file
+
+    from etn_cli.backbones.precision import DTYPES
+    from etn_cli.backbones.torchvision_weights import FINETUNED_FILE
+    from etn_cli.config import build_config
+
+    cfg = build_config(FinetuneConfig, settings, "the pipeline's [finetune] table")
+    if backbone.weights.kind == "torchscript":
+        raise EtnError(
+            "etn finetune trains torchvision architectures; a TorchScript checkpoint cannot be "
+            "re-trained here. Remove [finetune], or give a state dict and model = ...."
+        )
+    started = time.perf_counter()
+    with seeded(cfg.seed, backbone.device):
+        model = backbone.model
+        loader = train_loader(backbone, train, cfg)
+        amp = None if backbone.dtype == "float32" else DTYPES[backbone.dtype]
+        desc = f"finetune {backbone.config.model}"
+        history = train_classifier(model, loader, cfg, backbone.device, amp, desc)
+    model.eval()
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(state, str(out_dir / FINETUNED_FILE))
+    return {
+        "model": backbone.config.model,
+        "started_from": backbone.weights.fingerprint,
+        "settings": config_dict(cfg),
+        "train_rows": len(train),
+        "history": history,
+        "seconds": time.perf_counter() - started,
+        "device": str(backbone.device),
+        "dtype": backbone.dtype,
+        "weights_file": FINETUNED_FILE,
+    }
+
+
+def train_loader(backbone: Any, train: Any, cfg: FinetuneConfig) -> DataLoader:
+    """Shuffled, seeded batches of ``train`` with the backbone's preprocessing."""
+    from etn_cli.backbones.image_inputs import TransformedImages, collate_images
+
+    data = TransformedImages(train.data, train.index, backbone.transform)
+    return DataLoader(
+        data,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        num_workers=cfg.workers,
+        pin_memory=backbone.device.type == "cuda",
+        collate_fn=collate_images,
+        drop_last=len(data) % cfg.batch_size == 1,  # batch norm cannot train on one sample
+    )

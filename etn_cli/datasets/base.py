@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from torch.utils.data import Dataset as TorchDataset
 
+from etn_cli.errors import EtnError
 from etn_cli.registry import Registry
 
 
@@ -58,6 +60,19 @@ class DatasetSource:
         self.root = root
         self.options = options
 
+    def has_split(self, split: str) -> bool:
+        """Whether ``split`` names a split (datasets whose splits are paths override it)."""
+        return split in self.splits
+
+    def display_name(self, split: str | None) -> str:
+        """How reports name the dataset (``split=None``: as the ID set) or one of its splits
+        as an OOD set: ``svhn`` for its test split, ``digits_noise:adapt`` for another."""
+        return self.name if split in (None, "test") else f"{self.name}:{split}"
+
+    def available(self) -> tuple[str, ...]:
+        """The split names to suggest when a name is wrong."""
+        return tuple(self.splits)
+
     def load_split(self, split: str) -> Split:
         raise NotImplementedError
 
@@ -67,3 +82,31 @@ class DatasetSource:
 
 
 datasets: Registry[type[DatasetSource]] = Registry("dataset")
+
+
+class PathSplits:
+    """For datasets of your own files, whose splits are paths under ``[data] root``
+    (``image_folder``, ``mcqa_jsonl``): reports name them by the root folder (as the ID set)
+    and by each split's path without its suffix (``ood``, ``other``)."""
+
+    name: ClassVar[str]
+    root: str | None
+
+    def root_path(self) -> Path:
+        if self.root is None:
+            raise EtnError(
+                f"Dataset {self.name!r} reads your files under [data] root, but the pipeline "
+                'sets none. Add root = "folder/with/the/files" to its [data] table.'
+            )
+        return Path(self.root).expanduser().resolve()
+
+    def inside_root(self, split: str) -> Path | None:
+        """The split's path if it names something that exists inside the root."""
+        root = self.root_path()
+        target = (root / split).resolve()
+        return target if split and target.is_relative_to(root) and target.exists() else None
+
+    def display_name(self, split: str | None) -> str:
+        if split is None:
+            return self.root_path().name
+        return Path(split).with_suffix("").as_posix()

@@ -71,7 +71,8 @@ def list_images(folder: Path) -> FolderListing:
         raise EtnError(
             f"Folder {folder} has sub-folders that are not ImageNet WordNet ids: "
             f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}. Expected only "
-            "folders such as n01440764/; move the others out."
+            "folders such as n01440764/; move the others out, or read folders named by your "
+            'own classes with id = "image_folder".'
         )
     files, labels, digest = [], [], hashlib.sha256()
     for name in classes:
@@ -100,10 +101,17 @@ class ImageFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from PIL import Image
+        from PIL import Image, UnidentifiedImageError
 
-        with open(self.folder / self.files[i], "rb") as handle:
-            image = Image.open(handle).convert("RGB")
+        path = self.folder / self.files[i]
+        try:
+            with open(path, "rb") as handle:
+                image = Image.open(handle).convert("RGB")
+        except (UnidentifiedImageError, OSError, SyntaxError) as err:  # PIL: SyntaxError too
+            raise EtnError(
+                f"Cannot read image {path} ({type(err).__name__}: {str(err)[:80]}); expected a "
+                "readable image file. Remove or replace it, then run again."
+            ) from None
         return image, int(self.labels[i])
 
 
@@ -120,6 +128,7 @@ class ImageFolderSource(VisionSource):
     """A class-folder tree in the ImageNet label space; one split per fraction (or ``test``)."""
 
     Options = FolderOptions
+    needs_torchvision = False  # PIL reads the files
     default_folder: ClassVar[str]
     how_to_get: ClassVar[str]
     fractions: ClassVar[dict[str, float] | None] = None

@@ -17,6 +17,7 @@ original release's ``question = {"stem", "choices": [{"text", "label"}]}``) and 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import string
 from collections.abc import Iterator
@@ -95,6 +96,13 @@ def _parquet(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
         yield row, f"{path} row {number}"
 
 
+def csv_with_header(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """A CSV file whose first row names the columns (``question``, ``A``, ``B``, ...)."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        for number, row in enumerate(csv.DictReader(handle), start=2):
+            yield {k: (v if v != "" else None) for k, v in row.items() if k}, f"{path}:{number}"
+
+
 def _mmlu_csv(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     """MMLU's original release: no header, six columns per row."""
     with open(path, encoding="utf-8", newline="") as handle:
@@ -135,8 +143,9 @@ def _question_and_choices(
     choices = raw.get("choices", raw.get("options"))
     if isinstance(question, dict):  # the original OpenBookQA release
         question, choices = question.get("stem"), question.get("choices")
-    if choices is None and all(letter in raw for letter in "ABCD"):
-        choices = [raw[letter] for letter in "ABCD"]
+    if choices is None:  # one column per choice: A, B, C, ... (as many as the record has)
+        columns = list(itertools.takewhile(lambda letter: raw.get(letter) is not None, LETTERS))
+        choices = [raw[letter] for letter in columns] if len(columns) >= 2 else None
     texts, labels = _choices(choices, where)
     return _text(question, "question", where), texts, labels
 

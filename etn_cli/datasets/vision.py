@@ -27,7 +27,7 @@ from torch.utils.data import Dataset, Subset
 
 from etn_cli.config import build_config
 from etn_cli.datasets.base import DatasetSource, Split, datasets
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, require_extra
 
 CIFAR10_FRACTIONS = {"train": 0.95, "adapt": 0.05}
 
@@ -59,8 +59,11 @@ class VisionSource(DatasetSource):
 
     Options: ClassVar[type]
     title: ClassVar[str]
+    needs_torchvision: ClassVar[bool] = True  # its files are read by torchvision.datasets
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
+        if self.needs_torchvision:
+            require_extra(("torchvision",), "vision", f"Dataset {self.name!r}")
         super().__init__(root)
         where = f"[data.options.{self.name}]"
         self.opts = build_config(self.Options, options, where)

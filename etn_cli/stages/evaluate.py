@@ -21,6 +21,7 @@ from etn_cli.metrics.evaluation import (
     confidence_metrics,
     ood_metrics,
 )
+from etn_cli.own_features.classifier import classifier_record, describe
 from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.result import StageResult
@@ -141,6 +142,10 @@ def metrics_frame(
         "backbone_passes": int(meta["backbone_passes"]),
         "n_test": int(meta["n_test"]),
         "fit_split": meta["fit_split"],  # the split the head was fitted on, with its rows
+        # where the final layer a last-layer head started from came from (fitted, given, ...)
+        "classifier": describe(classifier_record(plan.classifier_path))
+        if head.head.needs_classifier
+        else None,
     }
     frame = pl.DataFrame(
         records,
@@ -150,7 +155,9 @@ def metrics_frame(
     )  # fmt: skip
     frame = frame.with_columns(pl.lit(v).alias(k) for k, v in provenance_cols.items())
     return frame.with_columns(
-        pl.col("backbone_s_per_sample").cast(pl.Float64), pl.col("fit_split").cast(pl.String)
+        pl.col("backbone_s_per_sample").cast(pl.Float64),
+        pl.col("fit_split").cast(pl.String),
+        pl.col("classifier").cast(pl.String),
     )
 
 

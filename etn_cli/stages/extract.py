@@ -30,9 +30,11 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from etn_cli import progress
+from etn_cli.datasets.class_check import check_id_classes
 from etn_cli.distributed import World, current_world, join, rank_device
 from etn_cli.errors import EtnError
 from etn_cli.plan import FeatureUnit, Plan, load_unit_split
@@ -44,6 +46,7 @@ from etn_cli.store.artefacts.classifier import save_classifier
 from etn_cli.store.atomic import unit_lock
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.storage import explained_storage_errors
+from etn_cli.store.writing.manifest import split_is_complete
 from etn_cli.store.writing.pieces import Layout
 
 
@@ -51,10 +54,9 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     """Write every missing feature unit of ``plan``; finished units are left untouched, and a
     unit a killed run left half done is resumed from what it finished."""
     result = StageResult("extract")
-    if plan.backbone is None:  # the user's own shards: nothing to extract
-        for u in plan.feature_units:
-            result.skip(u.path, split_name(u), "your own features")
-        return result
+    if plan.backbone is None:  # your own features: files are imported, folders read in place
+        with explained_storage_errors():
+            return import_features(plan, result)
     world = current_world()
     with explained_storage_errors():
         join(world)
@@ -64,6 +66,30 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
             extract_unit(plan, unit, backbone, device, world, result)
         if world.main:
             store_classifier(plan, backbone)
+    return result
+
+
+def import_features(plan: Plan, result: StageResult) -> StageResult:
+    """The extract stage of a ``[features]`` pipeline: import the files not imported yet
+    (:mod:`etn_cli.own_features.importer`); folders of shards are read where they are."""
+    from etn_cli.own_features.importer import read_checked, write_split
+
+    pending = {}
+    for unit in plan.feature_units:
+        file = (unit.fingerprint or {}).get("file")
+        if file is None or split_is_complete(unit.path):
+            result.skip(unit.path, split_name(unit), "your own features")
+        else:
+            pending[Path(file)] = unit
+    read = read_checked({path: unit.role for path, unit in pending.items()}) if pending else {}
+    for path, unit in pending.items():
+        unit.path.parent.mkdir(parents=True, exist_ok=True)
+        with unit_lock(unit.path):
+            if split_is_complete(unit.path):  # imported by another run while we waited
+                result.skip(unit.path, split_name(unit), "finished by another run")
+                continue
+            with result.build(unit.path, split_name(unit), f"import {path.name}"):
+                write_split(read[path], unit.path)
     return result
 
 
@@ -84,7 +110,10 @@ def extract_unit(
             result.skip(unit.path, split_name(unit), claimed.reason, quiet=quiet)
             return
         layout, started = claimed.layout, time.perf_counter()
-        fields = functools.partial(manifest_fields, plan, unit, layout, world, started)
+        report_fields = functools.partial(manifest_fields, plan, unit, layout, world, started)
+
+        def fields(reports: list[dict]) -> dict[str, Any]:  # and e.g. an LLM's example prompt
+            return report_fields(reports) | plan.backbone.manifest_extras(split())
 
         def write() -> dict[str, Any]:
             return write_share(plan, unit, layout, split, backbone, device, world, fields)
@@ -165,10 +194,12 @@ def load_backbone(plan: Plan, device: str) -> Any:
 
     template = plan.backbone
     if plan.finetune is None and template.device == torch.device(device):
-        return template
-    backbone = type(template)(template.config, template.cache_dir, device)
+        backbone = template
+    else:
+        backbone = type(template)(template.config, template.cache_dir, device)
     if plan.finetune is not None:
         backbone.use_finetuned(require_finetuned(plan.finetune))
+    check_id_classes(plan, backbone)  # before the first split is written
     return backbone
 
 

@@ -132,25 +132,30 @@ def predict_frame(
     hidden, logits, layers, labels = backbone_outputs(load_backbone(plan, device), found, plan)
     prediction = trained.predict(hidden, logits, layers=layers, device=device)
     letters = getattr(plan.backbone.config, "letters", None)
+    classes = (plan.adapt.fingerprint or {}).get("source", {}).get("classes")  # image_folder
     columns: dict[str, Any] = {"input": found.names}
     if found.kind == "split":
         columns["index"] = found.split.index
     if found.labelled:
         columns["label"] = labels
-    columns.update(prediction_columns(prediction, letters))
+    columns.update(prediction_columns(prediction, letters, classes))
     columns.update(flag_columns(prediction.scores, thresholds or {}, trained.name))
     import polars as pl
 
     return pl.DataFrame(columns)
 
 
-def prediction_columns(prediction: Any, letters: tuple[str, ...] | None) -> dict[str, Any]:
-    """Prediction (and letter), its probability, every class's probability, every score."""
+def prediction_columns(
+    prediction: Any, letters: tuple[str, ...] | None, classes: list[str] | None = None
+) -> dict[str, Any]:
+    """Prediction (and its letter or class name), its probability, every class's
+    probability (``prob_<letter>`` / ``prob_<class name>`` where known), every score."""
     probs, predicted = prediction.probs, prediction.predictions  # (N, C), (N,)
-    names = list(letters) if letters else [str(k) for k in range(probs.shape[1])]
+    named = letters or (classes if classes and len(classes) == probs.shape[1] else None)
+    names = list(named) if named else [str(k) for k in range(probs.shape[1])]
     columns: dict[str, Any] = {"prediction": predicted}
-    if letters:
-        columns["letter"] = [names[k] for k in predicted]
+    if named:
+        columns["letter" if letters else "class"] = [names[k] for k in predicted]
     columns["probability"] = probs[np.arange(len(probs)), predicted]
     columns.update({f"prob_{name}": probs[:, k] for k, name in enumerate(names)})
     columns.update(prediction.scores)
@@ -276,9 +281,10 @@ def dataset_split(plan: Plan, text: str) -> Inputs:
         )
     source = open_source(plan.pipeline, name)
     split_name = split_name or "test"
-    if split_name not in source.splits:
+    if not source.has_split(split_name):
         raise EtnError(
-            f"Dataset {name!r} has no split {split_name!r}. Available: {', '.join(source.splits)}"
+            f"Dataset {name!r} has no split {split_name!r}. "
+            f"Available: {', '.join(source.available()) or 'none'}"
         )
     split = source.load_split(split_name)
     names = [f"{name}:{split_name}#{i}" for i in split.index]

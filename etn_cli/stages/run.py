@@ -7,6 +7,7 @@ rank 0 alone trains, evaluates and reports while the other ranks end."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from dataclasses import dataclass
@@ -107,6 +108,8 @@ def run_pipeline(
     options = options or RunOptions()
     started = time.perf_counter()
     pipeline = load_pipeline(path, options.overrides, options.only)
+    if device:  # the plan resolves dtype = "auto" for the device the run uses
+        pipeline = dataclasses.replace(pipeline, device=device)
     world = torchrun_world()
     with explained_storage_errors():  # a full disk or a read-only folder is one line
         plan = make_plan(pipeline, data_dir)

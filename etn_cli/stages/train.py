@@ -15,11 +15,13 @@ from pathlib import Path
 
 import torch
 
+from etn_cli import progress
 from etn_cli.config import config_dict
+from etn_cli.own_features.classifier import classifier_for, classifier_record
 from etn_cli.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
+from etn_cli.stages.head_inputs import check_head_inputs
 from etn_cli.stages.result import StageResult
-from etn_cli.store.artefacts.classifier import load_classifier
 from etn_cli.store.artefacts.headfiles import RECORD, head_checksums
 from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
 from etn_cli.store.reading.consistency import check_splits, check_varies
@@ -39,6 +41,8 @@ def check_plan_features(plan: Plan) -> None:
 def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
     """Fit every missing head unit; finished heads are left untouched unless ``force``."""
     result = StageResult("train")
+    for line in plan.skipped:  # heads left out for want of an input ([features] pipelines)
+        progress.say(f"train: {line}")
     todo = [u for u in plan.heads if force or not head_is_complete(u.path)]
     for u in plan.heads:
         if u not in todo:
@@ -48,6 +52,7 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
     check_plan_features(plan)
     features_of = {u.role: u for u in (plan.adapt, plan.fit) if u is not None}
     reader = cache(lambda role: _fit_features(features_of[role]))
+    check_head_inputs(plan, todo, reader("adapt"))  # every head has what it reads, before any fit
     with explained_storage_errors():
         for unit in todo:
             ensure_writable(unit.path.parent)
@@ -80,7 +85,7 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
     with ``train.json``, which records the split it was fitted on (``fit_split``)."""
     classifier = None
     if unit.head.needs_classifier:
-        weight, bias = load_classifier(plan.classifier_path)
+        weight, bias = classifier_for(plan)  # the backbone's, given, or fitted (own features)
         classifier = {"weight": torch.as_tensor(weight), "bias": torch.as_tensor(bias)}
     started = time.perf_counter()
     unit.head.fit(
@@ -106,6 +111,8 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
         "pipeline": plan.pipeline.name,
         "provenance": provenance(),
     }
+    if unit.head.needs_classifier:
+        record["classifier"] = classifier_record(plan.classifier_path)
     with atomic_dir(unit.path, replace=replace) as tmp:
         unit.head.save(tmp)
         record["files"] = head_checksums(tmp)
