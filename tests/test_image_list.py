@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from etn_cli.datasets.image_list import ImageListSource, read_image_list
+from etn_cli.datasets.image_list import ImageListSource
+from etn_cli.datasets.openood_lists import read_image_list
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan
@@ -43,7 +44,10 @@ def test_a_list_split_yields_images_and_labels_in_list_order(tmp_path: Path) -> 
     assert len(split) == 3 and split.index.tolist() == [0, 1, 2]
     image, label = split.data[1]
     assert image.size == (8, 8) and image.mode == "RGB" and label == 4
-    assert split.fingerprint["list_sha256"] == read_image_list(tmp_path / listed).sha256
+    assert (
+        split.fingerprint["list_sha256"]
+        == read_image_list(tmp_path / listed, tmp_path / "images_classic").sha256
+    )
 
 
 def test_a_split_can_name_its_own_images_folder(tmp_path: Path) -> None:
@@ -58,8 +62,9 @@ def test_a_split_can_name_its_own_images_folder(tmp_path: Path) -> None:
     "lines,lists,match",
     [
         (["x.png 1"], {"test": "missing.txt"}, "does not exist"),
-        (["x.png one"], {"test": "benchmark_imglist/l.txt"}, "Line 1 of"),
-        (["nope.png 1"], {"test": "benchmark_imglist/l.txt"}, "first image of split 'test'"),
+        (["x.png 1", "x.png"], {"test": "benchmark_imglist/l.txt"}, "labels on some lines"),
+        (["nope.png 1"], {"test": "benchmark_imglist/l.txt"}, "names 'nope.png', but"),
+        (["../x.png 1"], {"test": "benchmark_imglist/l.txt"}, "outside the image folder"),
         (["x.png 1"], {"test": 3}, "needs lists"),
     ],
 )

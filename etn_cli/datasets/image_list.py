@@ -19,12 +19,13 @@ A split given as a table names its own ``images`` folder (OpenOOD keeps Textures
 Every split yields ``(PIL RGB image, label)`` read lazily; the label is the list's integer
 (OpenOOD's OOD lists carry -1 or a placeholder, which etn never uses for OOD sets). A split's
 fingerprint is the sha256 of its list file, so an edited list gives new features. A missing
-list, a malformed line or a missing first image stops planning with one line naming the file.
+list, a malformed line or a missing image stops planning with one line naming the file and
+line (the lists are read by :mod:`etn_cli.datasets.openood_lists`, as ``image_folder`` reads
+them).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from torch.utils.data import Dataset
 
 from etn_cli.datasets.base import datasets
 from etn_cli.datasets.imagenet import ImageFiles
+from etn_cli.datasets.openood_lists import ImageList, read_image_list
 from etn_cli.datasets.vision import VisionSource
 from etn_cli.errors import EtnError
 
@@ -46,38 +48,6 @@ class ImageListOptions:
 
     images: str = "."
     lists: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ImageList:
-    files: list[str]
-    labels: np.ndarray  # (N,) int64
-    sha256: str
-
-
-def read_image_list(path: Path) -> ImageList:
-    """Parse ``relative/path label`` lines (the path may hold spaces; blank lines skipped)."""
-    if not path.is_file():
-        raise EtnError(
-            f"Image list {path} does not exist. Put OpenOOD's benchmark_imglist/ under [data] "
-            "root (or fix lists = {...} in [data.options.image_list])."
-        )
-    text = path.read_bytes()
-    files, labels = [], []
-    for number, line in enumerate(text.decode().splitlines(), start=1):
-        if not line.strip():
-            continue
-        name, _, label = line.strip().rpartition(" ")
-        if not name or not label.lstrip("-").isdigit():
-            raise EtnError(
-                f"Line {number} of {path} is {line!r}; expected 'relative/path label' with an "
-                "integer label. Fix the list."
-            )
-        files.append(name)
-        labels.append(int(label))
-    if not files:
-        raise EtnError(f"Image list {path} names no images. Point the split at a non-empty list.")
-    return ImageList(files, np.asarray(labels, np.int64), hashlib.sha256(text).hexdigest())
 
 
 def list_source(entry: Any) -> tuple[str, str | None] | None:
@@ -119,16 +89,17 @@ class ImageListSource(VisionSource):
 
     def image_list(self, split: str) -> ImageList:
         if split not in self._lists:
-            self._lists[split] = read_image_list(self._path(self.sources[split][0]))
+            path = self._path(self.sources[split][0])
+            if not path.is_file():
+                raise EtnError(
+                    f"Image list {path} does not exist. Put OpenOOD's benchmark_imglist/ under "
+                    "[data] root (or fix lists = {...} in [data.options.image_list])."
+                )
+            self._lists[split] = read_image_list(path, self.images(split))
         return self._lists[split]
 
     def check_files(self, split: str) -> None:
-        first = self.images(split) / self.image_list(split).files[0]
-        if not first.is_file():
-            raise EtnError(
-                f"The first image of split {split!r}, {first}, does not exist. Put the images "
-                "under [data] root / images (OpenOOD's images_largescale/ or images_classic/)."
-            )
+        self.image_list(split)  # reading the list checks that every image it names exists
 
     def fingerprint(self, split: str) -> dict[str, Any]:
         listed = self.image_list(split)
@@ -138,6 +109,6 @@ class ImageListSource(VisionSource):
 
     def open(self, split: str) -> tuple[Dataset, np.ndarray, int]:
         listed = self.image_list(split)
-        data = ImageFiles(self.images(split), listed.files, listed.labels)
+        data = ImageFiles(self.images(split), list(listed.files), listed.labels)
         classes = int(max(listed.labels.max() + 1, 1))
         return data, np.arange(len(listed.files), dtype=np.int64), classes

@@ -93,5 +93,5 @@ def check_entry(path: Path, number: int, folder: Path, name: str) -> None:
     if not target.is_file():
         raise EtnError(
             f"{path}:{number} names {name!r}, but {folder / name} does not exist. Set the "
-            'image folder (images = "..." under [data.options.image_folder]) or fix the list.'
+            'image folder (images = "..." in the dataset\'s [data.options] table) or fix the list.'
         )
