@@ -28,7 +28,7 @@ from etn_cli.pipeline import HeadSpec, Pipeline
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 2  # 2: runtime columns (backbone_s_per_sample, backbone_passes), sweep
+METRICS_VERSION = 3  # 2: runtime columns, sweep; 3: reliability bins (bin_count, ...)
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights
 RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
