@@ -20,8 +20,8 @@ so the loss is a smooth function of ``c`` and the fit is deterministic. The head
 ``z + offset`` with ``offset = c - z_bar``. Only ID data (the adaptation split) chooses it, as
 temperature scaling chooses its temperature. Shifting every logit of every split by ``k``
 moves the offset by ``-k`` (to float precision): like the softmax, the head no longer depends
-on the backbone's offset; a constant shift never changes the scalar variant's predicted class. (Searching at the
-initial weights instead fails: with an untrained network the loss can keep falling towards
+on the backbone's offset; a constant shift never changes the scalar variant's predicted class.
+(Searching at the initial weights instead fails: with an untrained network the loss can keep falling towards
 ``c -> -inf``, where every ``alpha`` is ``b``; retraining the network at the found offset
 measured no better on digits.) When the trained network's loss still falls at the lower end
 of the grid, there is no interior minimum (a network that gives almost no evidence): the
