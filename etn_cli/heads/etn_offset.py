@@ -13,19 +13,19 @@ adaptation loss is lowest.
 **What.** ETN is trained as the paper does, on the adaptation logits centred by their overall
 mean ``z - z_bar`` (one number for the whole split, which makes the fit independent of the
 backbone's offset). Then, with the trained network fixed, ``c`` minimises ETN's adaptation loss
-(paper Eq. 8, averaged over the split) on ``z - z_bar + c``: a grid of 41 points over
-``[-2 m, 2 m]`` (``m = max |z - z_bar|``) and Brent's method between the best point's
-neighbours; the MC draws of that search are fixed by the head's seed (common random numbers),
-so the loss is a smooth function of ``c`` and the fit is deterministic. The head predicts on
-``z + offset`` with ``offset = c - z_bar``. Only ID data (the adaptation split) chooses it, as
-temperature scaling chooses its temperature. Shifting every logit of every split by ``k``
-moves the offset by ``-k`` (to float precision): like the softmax, the head no longer depends
-on the backbone's offset; a constant shift never changes the scalar variant's predicted class.
-(Searching at the initial weights instead fails: with an untrained network the loss can keep falling towards
-``c -> -inf``, where every ``alpha`` is ``b``; retraining the network at the found offset
-measured no better on digits.) When the trained network's loss still falls at the lower end
-of the grid, there is no interior minimum (a network that gives almost no evidence): the
-offset is then only the centring, and a warning says so.
+(paper Eq. 8, averaged over the split) on ``z - z_bar + c``: a grid of 41 points over ``[-2 m,
+2 m]`` (``m = max |z - z_bar|``) and Brent's method between the best point's neighbours; the MC
+draws of that search are fixed by the head's seed (common random numbers), so the loss is a
+smooth function of ``c`` and the fit is deterministic. The head predicts on ``z + offset`` with
+``offset = c - z_bar``. Only ID data (the adaptation split) chooses it, as temperature scaling
+chooses its temperature. Shifting every logit of every split by ``k`` moves the offset by
+``-k`` (to float precision): like the softmax, the head no longer depends on the backbone's
+offset; a constant shift never changes the scalar variant's predicted class. (Searching at the
+initial weights instead fails: with an untrained network the loss can keep falling towards ``c
+-> -inf``, where every ``alpha`` is ``b``; retraining the network at the found offset measured
+no better on digits.) When the trained network's loss still falls at the lower end of the grid,
+there is no interior minimum (a network that gives almost no evidence): the offset is then only
+the centring, and a warning says so.
 """
 
 from __future__ import annotations
