@@ -28,7 +28,7 @@ import itertools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from etn_cli.config import build_config
 from etn_cli.errors import EtnError
@@ -40,6 +40,9 @@ class DataSpec:
     adapt: str = "adapt"
     test: str = "test"
     ood: tuple[str, ...] = ()
+    # "paper": every OOD set is OOD, averaged as <id>-OOD; "openood": the report also averages
+    # them by kind of shift (semantic-OOD, covariate-OOD), as OpenOOD v1.5 groups ImageNet-R
+    grouping: Literal["paper", "openood"] = "paper"
     root: str | None = None  # where datasets that need files on disk look for them
     batch_size: int = 256
     shard_rows: int = 65536

@@ -12,16 +12,19 @@ features with the pipeline's own ETN settings, 3 seeds, AUPR in % (ID test = pos
    Table B measures how far ETN's MP follows that ratio (Spearman's rho with the ratio and with
    the softmax MP), the share of ``a z`` in the linear range (``a z > 3``), and the ratio's own
    AUPR.
-3. **Per-sample references.** Shifting each sample's logits by its own constant leaves the
-   softmax (and ETN's predicted class) unchanged but fixes where the softplus acts. Table C
-   compares ``z - max(z) + r`` (``r`` the mean top logit of the adaptation split, so a sample's
-   evidence scale comes from ``a(h)`` alone and its shape from its margins), the same with
-   ``r = 0``, and ``z - mean(z)`` (centring: removes the offset, keeps the ratio form).
+3. **References and a fitted offset.** Shifting each sample's logits by its own constant
+   leaves the softmax (and ETN's predicted class) unchanged but fixes where the softplus acts.
+   Table C compares ``z - max(z) + r`` (``r`` the mean top logit of the adaptation split, so a
+   sample's evidence scale comes from ``a(h)`` alone and its shape from its margins), the same with
+   ``r = 0``, and ``z - mean(z)`` (centring: removes the offset, keeps the ratio form); and
+   ``etn_offset``, ETN with one offset fitted on its own adaptation loss
+   (:mod:`etn_cli.heads.etn_offset`). Table D checks that the fitted offset absorbs any
+   constant shift of the logits.
 
     python studies/when_etn_helps.py [--data-dir data] [--seeds 0 1 2]
 
 It extracts the digits features first if they are not cached (about 20 s), then fits
-3 x 12 ETN heads (a few minutes on 2 CPU cores) and prints three Markdown tables.
+3 x 16 ETN heads (about 5 minutes on 2 CPU cores) and prints four Markdown tables.
 """
 
 from __future__ import annotations
@@ -77,9 +80,13 @@ FITTED: dict = {}  # (shift name, seed) -> head: the plain ETN is fitted once pe
 
 
 def fit_etn(splits: dict, settings: dict, seed: int, shift: Shift, name: str):  # noqa: ANN201
+    """The paper's ETN fitted on ``shift(z)``; ``name`` starting with ``offset`` fits the
+    ``etn_offset`` variant instead."""
     if (name, seed) not in FITTED:
         hidden, logits, labels = splits["adapt"]
-        head = heads.get("etn")(**settings, seed=seed)
+        head = heads.get("etn_offset" if name.startswith("offset") else "etn")(
+            **settings, seed=seed
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             FITTED[name, seed] = head.fit(hidden, shift(logits), labels)
@@ -179,11 +186,20 @@ def main() -> None:
         "z - max(z)": lambda z: z - z.max(axis=1, keepdims=True),
         "z - mean(z)": lambda z: z - z.mean(axis=1, keepdims=True),
     }
-    print("\nC. Per-sample references (softmax and predicted class unchanged)\n")
+    print("\nC. References and a fitted offset (softmax and predicted class unchanged)\n")
     print(HEADER)
     print(f"| softmax (MAP) | {softmax_cells} | – |")
     for name, shift in shifts.items():
         print(f"| ETN on {name} | {fmt(etn_rows(splits, settings, seeds, shift, name))} |")
+    offset_rows = etn_rows(splits, settings, seeds, lambda z: z, "offset")
+    print(f"| ETN (fitted offset) on z | {fmt(offset_rows)} |")
+    print("\nD. ETN (fitted offset) on z + c: the fitted offset absorbs c\n")
+    print(HEADER.replace("| logits |", "| logits | fitted offset |").replace("|---|", "|---|---:|"))
+    for c in (-6.0, 0.0, 6.0):
+        shift, name = (lambda z, c=c: z + c), "offset" if c == 0 else f"offset{c:+g}"
+        rows = etn_rows(splits, settings, seeds, shift, name)
+        offsets = [FITTED[name, seed].offset_ for seed in seeds]
+        print(f"| z {c:+g} | {np.mean(offsets):.3f} | {fmt(rows)} |")
 
 
 if __name__ == "__main__":

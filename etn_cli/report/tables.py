@@ -26,6 +26,7 @@ COLUMN_TYPES: dict[str, pl.DataType] = {
     "method_label": pl.String(),
     "variant": pl.String(),
     "family": pl.String(),  # evidential, bayesian, deterministic, posthoc (null in old files)
+    "ood_group": pl.String(),  # the OOD set's group ([data.groups]: near, far, ...) or null
     "seed": pl.Int64(),
     "metric": pl.String(),
     "score": pl.String(),
@@ -34,7 +35,7 @@ COLUMN_TYPES: dict[str, pl.DataType] = {
 }
 SETTING = ["pipeline", "backbone", "id_dataset"]
 METHOD = ["method", "method_label", "variant", "family"]
-OPTIONAL_COLUMNS = ("family",)
+OPTIONAL_COLUMNS = ("family", "ood_group")
 FAMILY_ORDER = ("evidential", "bayesian", "deterministic", "posthoc", "other")
 SEED_KEYS = [*SETTING, "eval_set", "task", *METHOD, "metric", "score"]
 PERCENT_METRICS = {"acc", "ece", "aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id"}
@@ -65,18 +66,36 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
 
 
 def _ood_average(df: pl.DataFrame) -> pl.DataFrame:
-    """Per seed, the mean over 2+ OOD eval sets as eval set ``<id_dataset>-OOD`` (task "ood")."""
+    """Per seed, the mean over 2+ OOD eval sets as eval set ``<id_dataset>-OOD`` (task "ood"),
+    and the mean over each group of OOD sets (``[data.groups]``) as ``<group>-OOD``, as
+    OpenOOD's leaderboard averages near- and far-OOD."""
     keys = [*SETTING, *METHOD, "seed", "metric", "score"]
     average_name = pl.col("id_dataset") + "-OOD"
     ood = df.filter((pl.col("task") == "ood") & (pl.col("eval_set") != average_name))
     averaged = ood.group_by(keys, maintain_order=True).agg(
         pl.col("value").mean(), pl.col("eval_set").n_unique().alias("n_sets")
     )
-    return averaged.filter(pl.col("n_sets") >= 2).select(
+    grouped = (
+        ood.filter(pl.col("ood_group").is_not_null())
+        .group_by([*keys, "ood_group"], maintain_order=True)
+        .agg(pl.col("value").mean())
+    )
+    return pl.concat(
+        [
+            _as_eval_set(averaged.filter(pl.col("n_sets") >= 2), average_name),
+            _as_eval_set(grouped, pl.col("ood_group") + "-OOD"),
+        ]
+    )
+
+
+def _as_eval_set(frame: pl.DataFrame, name: pl.Expr) -> pl.DataFrame:
+    """Averaged OOD rows in the long layout, under the eval-set name ``name``."""
+    return frame.select(
         *SETTING,
-        average_name.alias("eval_set"),
+        name.alias("eval_set"),
         pl.lit("ood").alias("task"),
         *METHOD,
+        pl.lit(None, pl.String).alias("ood_group"),
         "seed",
         "metric",
         "score",
@@ -110,6 +129,7 @@ def runtime_rows(df: pl.DataFrame) -> pl.DataFrame:
         pl.col("id_dataset").alias("eval_set"),
         pl.lit("id").alias("task"),
         *METHOD,
+        pl.lit(None, pl.String).alias("ood_group"),
         "seed",
         pl.lit(RUNTIME).alias("metric"),
         pl.lit(None, pl.String).alias("score"),

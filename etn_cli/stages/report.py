@@ -76,7 +76,7 @@ def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
 def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tuple[str, list[Path]]:
     """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
     return the table in ``fmt`` with the paths written (unchanged plots are not redrawn)."""
-    metrics = read_metrics(metrics_paths(plan))
+    metrics = with_shift_groups(read_metrics(metrics_paths(plan)), plan)
     summary = summarize(metrics)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
@@ -142,6 +142,20 @@ def _earlier_files(folder: Path, record: dict) -> list[Path]:
     if "files" not in record:  # tables and plots of an etn that kept no list of them
         legacy += [p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES]
     return named + legacy
+
+
+def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
+    """With ``[data] grouping = "openood"``, each OOD set's rows join the group of its kind of
+    shift (``semantic`` or ``covariate``, declared by its dataset), averaged in the tables as
+    ``semantic-OOD`` and ``covariate-OOD``; ``<id>-OOD`` stays the paper's average of all."""
+    data = plan.pipeline.data
+    if data is None or data.grouping == "paper":
+        return metrics
+    from etn_cli.datasets import datasets
+
+    kinds = {unit.name: datasets.get(unit.dataset).shift for unit in plan.ood}
+    group = pl.col("eval_set").replace_strict(kinds, default=None, return_dtype=pl.String)
+    return metrics.with_columns(group.fill_null(pl.col("ood_group")).alias("ood_group"))
 
 
 def report_folder(plan: Plan) -> Path:
