@@ -71,7 +71,7 @@ class Config:
     letters: tuple[str, ...] = ("A", "B", "C", "D")
     # The classes: "letters" (the answer letters, paper Sec. 5.1 "Models": "we restrict the
     # output space to only the multiple-choice answer tokens") or "vocabulary" (every token,
-    # as the ablation's "C ~ 10^5 for Llama-3.1", Sec. 5.4 "Prior Parameters", reads).
+    # as the ablation's "C ~ 10^5 for Llama-3.1", Sec. 5.6 "Prior Parameters", reads).
     class_space: Literal["letters", "vocabulary"] = "letters"
     prompt_template: str = "default"  # a name in etn_cli.prompts.TEMPLATES or a format string
     max_length: int = 2048  # longer prompts lose their beginning (with a warning)
