@@ -1,6 +1,7 @@
-"""ETN with a fitted logit offset (``etn_offset``): the offset minimises ETN's own adaptation
-loss at the initial weights, the head no longer depends on the backbone's additive logit
-offset (as the softmax does not), and the scalar variant keeps the predicted class."""
+"""ETN with a fitted logit offset (``etn_offset``): the offset minimises the trained network's
+adaptation loss, the search's objective is that loss less a constant in the offset, the head no
+longer depends on the backbone's additive logit offset (as the softmax does not), and the scalar
+variant keeps the predicted class."""
 
 from __future__ import annotations
 
@@ -32,9 +33,19 @@ def test_the_offset_minimises_the_trained_networks_loss_over_a_fine_grid(data, f
     assert fitted._mean_loss(h, z + fitted.offset_, y) < fitted._mean_loss(h, z - 100.0, y)
 
 
+@pytest.mark.parametrize("variant", ["scalar", "vector"])
+def test_the_search_objective_is_the_mean_loss_less_a_constant(data, variant):
+    head = OffsetETN(**SETTINGS, variant=variant).fit(data.hidden, data.logits, data.labels)
+    h, z, y = (torch.as_tensor(a) for a in (data.hidden, data.logits, data.labels))
+    objective = head._offset_objective(h, z, y)
+    gaps = [objective(c) - head._mean_loss(h, z + c, y) for c in (-3.0, -0.5, 0.0, 2.0)]
+    assert np.ptp(gaps) < 1e-4  # the KL term, which does not depend on the offset
+    assert np.ptp([objective(c) for c in (-3.0, 0.0, 2.0)]) > 1e-2
+
+
 def test_shifting_every_logit_by_a_constant_changes_nothing_but_the_offset(data, fitted):
     shifted = OffsetETN(**SETTINGS).fit(data.hidden, data.logits + 4.0, data.labels)
-    assert shifted.offset_ == pytest.approx(fitted.offset_ - 4.0, abs=1e-3)
+    assert shifted.offset_ == pytest.approx(fitted.offset_ - 4.0, abs=2 * OFFSET_TOLERANCE)
     a = fitted.predict(data.hidden, data.logits)
     b = shifted.predict(data.hidden, data.logits + 4.0)
     np.testing.assert_array_equal(a.predictions, b.predictions)
