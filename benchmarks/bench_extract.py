@@ -18,9 +18,10 @@ time, on the same batches:
 3. ``extract_batch``: what extract runs per batch (host-to-device copy, the hidden state and
    letter logits or hooks, float32 copies back to the host), inputs already loaded;
 4. ``extract, writer inline`` / ``extract, writer thread``: the loader + ``extract_batch`` +
-   a resumable ``ShardWriter`` (journal, fsync and sha256 per shard, as ``etn extract``
-   writes) fed inline or through the writer thread. ``etn extract`` writes inline on the CPU
-   and through the thread on a GPU (``shard_sink``); ``(etn)`` marks the one it uses here.
+   the share of a single process, as ``etn extract`` writes it (``open_share``: the batches
+   still to run, a resumable ``ShardWriter`` with its journal, fsync and sha256 per shard), fed
+   inline or through the writer thread. ``etn extract`` writes inline on the CPU and through
+   the thread on a GPU (``shard_sink``); ``(etn)`` marks the one it uses here.
 
 On CUDA a last column gives each step's peak GPU memory, weights included
 (``torch.cuda.max_memory_allocated``).
@@ -61,8 +62,14 @@ from torch.utils.data import TensorDataset
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
 from etn_cli.datasets.base import Split
 from etn_cli.datasets.mcqa import QuestionSet
-from etn_cli.stages.extract import BackgroundAppender, forward_into, shard_sink
-from etn_cli.store import ShardWriter
+from etn_cli.distributed import SINGLE
+from etn_cli.plan import FeatureUnit
+from etn_cli.stages.extract import forward_into
+from etn_cli.stages.extract_ranks import open_share
+from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
+from etn_cli.store import Layout
+
+SHARD_ROWS = 65536  # [data] shard_rows' default: one shard here
 
 try:  # run as a script: benchmarks/ is on sys.path
     from random_llama import LlamaShape, fixed_length_questions, save_random_llama
@@ -185,12 +192,13 @@ def measure(case: Case, args: argparse.Namespace) -> None:
     def extract(threaded: bool) -> Callable[[], None]:
         def run() -> None:
             with tempfile.TemporaryDirectory() as folder:
-                resume = {"batch_size": args.batch}  # journaled shards, as etn extract writes
-                with ShardWriter(Path(folder) / "split", {"bench": True}, resume=resume) as writer:
-                    with BackgroundAppender(writer.append, threaded=threaded) as sink:
+                unit = FeatureUnit("test", "bench", Path(folder) / "split", "bench", "test", {})
+                layout = Layout(len(split.index), args.batch, SHARD_ROWS, world_size=1)
+                with open_share(unit, layout, SINGLE, {}, lambda reports: {}) as share:
+                    with BackgroundAppender(share.append, threaded=threaded) as sink:
                         loader = backbone.loader(split, args.batch, workers=args.workers,
                                                  pin_memory=pin)  # fmt: skip
-                        forward_into(sink, backbone, loader)
+                        forward_into(sink, backbone, share.batches(loader))
 
         return run
 

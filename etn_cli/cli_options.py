@@ -56,6 +56,7 @@ DataDir = Annotated[
     typer.Option(
         "--data-dir",
         "-d",
+        metavar="DIR",
         help=f"Where features, heads, metrics and reports live (env {DATA_DIR_ENV}; "
         "default ~/.cache/etn).",
         show_default=False,
@@ -63,9 +64,13 @@ DataDir = Annotated[
 ]
 Device = Annotated[
     str | None,
-    typer.Option(help="cpu, cuda, cuda:1 … (default: the pipeline's `device`, else auto)."),
+    typer.Option(
+        metavar="DEVICE", help="cpu, cuda, cuda:1 … (default: the pipeline's `device`, else auto)."
+    ),
 ]
-PipelineArg = Annotated[Path, typer.Argument(help="A pipeline file, e.g. pipelines/digits.toml.")]
+PipelineArg = Annotated[
+    Path, typer.Argument(metavar="PIPELINE", help="A pipeline file, e.g. pipelines/digits.toml.")
+]
 Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new copy swapped in).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the results.")]
 Verbose = Annotated[
@@ -75,19 +80,25 @@ Overrides = Annotated[
     list[str] | None,
     typer.Option(
         "--set",
-        help="KEY=VALUE, repeatable: override the pipeline file, e.g. heads.etn.epochs=5, "
+        metavar="KEY=VALUE",
+        help="Repeatable: override the pipeline file, e.g. heads.etn.epochs=5, "
         "seeds=[0], data.batch_size=128.",
         show_default=False,
     ),
 ]
 Only = Annotated[
     str | None,
-    typer.Option(help="Comma-separated head names or labels to keep, e.g. etn,map."),
+    typer.Option(
+        metavar="HEADS", help="Comma-separated head names or labels to keep, e.g. etn,map."
+    ),
 ]
 FormatOption = Annotated[
     str,
     typer.Option(
-        "--format", "-f", help="table (terminal), markdown, csv, json or latex (md/tex too)."
+        "--format",
+        "-f",
+        metavar="FORMAT",
+        help="table (terminal), markdown, csv, json or latex (md/tex too).",
     ),
 ]
 

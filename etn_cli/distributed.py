@@ -8,6 +8,10 @@ when the backbone runs on CUDA: they carry no tensors, and gloo waits as long as
 rank needs (NCCL's watchdog would abort a rank that waits more than its timeout for a long
 split). A rank that fails says so in the next collective, so every rank exits non-zero with
 the same one-line message instead of waiting forever in a barrier.
+
+A single process is the world of one (:data:`SINGLE`): it joins no process group, keeps its
+device, and its collectives return at once, so code written for any number of ranks runs
+unchanged without torchrun.
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ class World:
 
     def __str__(self) -> str:
         return f"rank {self.rank} of {self.size}"
+
+
+SINGLE = World(rank=0, size=1, local_rank=0)
+
+
+def current_world() -> World:
+    """The :class:`World` of this process: torchrun's, or :data:`SINGLE`."""
+    return torchrun_world() or SINGLE
 
 
 def torchrun_world() -> World | None:
@@ -80,6 +92,8 @@ def refuse_under_torchrun(command: str) -> None:
 
 def join(world: World) -> None:
     """Join torchrun's process group (once per process); it is left when the process exits."""
+    if world.size == 1:
+        return
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -106,7 +120,7 @@ def rank_device(device: str, world: World) -> str:
     """The device of this rank: ``cuda`` becomes ``cuda:LOCAL_RANK``; another fixed GPU is
     refused, since every rank would share it; ``cpu`` stays as it is."""
     own = f"cuda:{world.local_rank}"
-    if not device.startswith("cuda") or device == own:
+    if world.size == 1 or not device.startswith("cuda") or device == own:
         return device
     if device != "cuda":
         raise EtnError(
@@ -129,6 +143,8 @@ def rank_device(device: str, world: World) -> str:
 def from_main(world: World, compute: Callable[[], T], what: str) -> T:
     """Run ``compute`` on rank 0 and hand its value to every rank. When it fails, rank 0
     raises its own error and every other rank an :class:`EtnError` naming it."""
+    if world.size == 1:
+        return compute()
     payload: list[Any] = [None]
     error: BaseException | None = None
     if world.main:
@@ -148,6 +164,8 @@ def from_main(world: World, compute: Callable[[], T], what: str) -> T:
 
 def gather(world: World, value: T, what: str) -> list[T]:
     """``value`` of every rank, in rank order, on every rank."""
+    if world.size == 1:
+        return [value]
     import torch.distributed as dist
 
     values: list[Any] = [None] * world.size

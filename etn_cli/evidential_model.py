@@ -143,8 +143,8 @@ class EvidentialModel(nn.Module):
     ) -> EvidentialModel:
         """The pipeline's backbone (with its ``etn finetune`` weights or adapter, its
         preprocessing or prompt template) and its trained head ``head`` for ``seed``."""
-        from etn_cli.api import pipeline_head, plan_of, read_head
         from etn_cli.stages.extract import load_backbone
+        from etn_cli.trained_heads import pipeline_head, plan_of, read_head
 
         plan = plan_of(pipeline, data_dir)
         trained = read_head(pipeline_head(plan, head, seed).path)

@@ -146,8 +146,9 @@ def _check_names(pipeline: Pipeline) -> None:
     for spec in pipeline.heads:
         try:
             heads.get(spec.name)(**spec.settings)
-        except EtnError as err:
-            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {err}") from None
+        except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
+            message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
+            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
     data = pipeline.data
     if data is not None:
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:

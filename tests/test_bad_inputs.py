@@ -214,7 +214,7 @@ def _foreign_checkpoint(data: Path, update_record: bool) -> None:
     head = next(p for p in sorted(data.glob("heads/etn-*")) if p.is_dir())
     save_file({"scale.weight": torch.zeros(3, 3)}, head / "weights.safetensors")
     if update_record:
-        from etn_cli.store.headfiles import head_checksums
+        from etn_cli.store import head_checksums
 
         record = json.loads((head / "train.json").read_text())
         record["files"] = head_checksums(head)

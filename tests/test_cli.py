@@ -13,6 +13,8 @@ import pytest
 from cli_runner import etn
 
 from etn_cli.errors import EtnError
+from etn_cli.pipeline import load_pipeline
+from etn_cli.plan import make_plan
 
 TINY = """
 name = "{name}"
@@ -105,10 +107,16 @@ def test_stages_run_on_their_own_and_report_prints_every_format(tmp_path: Path) 
 
 
 def test_report_reads_parquet_files_directly(finished: tuple[Path, Path, str]) -> None:
-    _, data, _ = finished
-    files = sorted((data / "metrics" / "tiny").glob("*.parquet"))
+    pipeline, data, _ = finished
+    files = [unit.path for unit in make_plan(load_pipeline(pipeline), data).metrics]
     code, output = etn("report", *files, "--metric", "auroc", "--format", "md")
     assert code == 0 and "| ETN" in output
+    # the folder also holds the files of an earlier ETN setting: the same heads and seeds
+    # reported twice are refused instead of averaged together
+    everything = sorted((data / "metrics" / "tiny").glob("*.parquet"))
+    assert len(everything) > len(files)
+    with pytest.raises(EtnError, match="would count twice"):
+        etn("report", *everything)
 
 
 def test_a_bad_pipeline_refuses_the_batch_before_any_work(tmp_path: Path, finished) -> None:  # noqa: ANN001

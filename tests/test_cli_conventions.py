@@ -142,6 +142,25 @@ def test_more_usage_errors_in_process(
     assert not (tmp_path / "data").exists()
 
 
+def test_a_data_directory_that_cannot_be_created_is_one_line(
+    project: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from etn_cli.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for command in ("run", "extract"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, str(project / "conv.toml"), "-d", str(blocker / "data")])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1, err
+        assert "Cannot create the data directory" in err and "Not a directory" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["ls", "pipelines", "--folder", str(tmp_path / "nowhere")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Expected a folder of pipeline files" in err
+
+
 def test_device_cuda_without_a_gpu_says_what_to_use_instead(project: Path, tmp_path: Path) -> None:
     import torch
 
@@ -151,6 +170,12 @@ def test_device_cuda_without_a_gpu_says_what_to_use_instead(project: Path, tmp_p
     one_line_usage_error(done)
     assert "no CUDA GPU" in done.stderr and "--device cpu" in done.stderr
     assert not (tmp_path / "d").exists()
+    # planning the digits pipeline would train its CNN: the device is refused before that
+    for command in ("run", "extract"):
+        digits = REPO / "pipelines" / "digits.toml"
+        done = etn(command, digits, "--device", "cuda:1", "-d", tmp_path / "d")
+        one_line_usage_error(done)
+        assert "no CUDA GPU" in done.stderr and not (tmp_path / "d").exists()
 
 
 def test_help_version_and_completion_are_there() -> None:

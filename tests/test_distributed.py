@@ -23,11 +23,11 @@ from cli_runner import checksums, etn, fresh_data
 from torch.utils.data import DataLoader, Dataset
 
 from etn_cli.errors import EtnError
-from etn_cli.stages.extract_pieces import batches_in
+from etn_cli.stages.extract_batches import batches_in
 from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.verify import verify
 from etn_cli.store import ShardWriter, read_split
-from etn_cli.store.pieces import Layout
+from etn_cli.store.writing.pieces import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = """
@@ -74,9 +74,9 @@ main()
 KILL_RANK_1_AFTER_4_PIECES = """
 import os, signal, sys
 
-from etn_cli.store import shards
+from etn_cli.store.writing import writer
 
-real_publish = shards.publish
+real_publish = writer.publish
 published = []
 
 
@@ -88,7 +88,7 @@ def publish_then_die(partial, final, **options):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-shards.publish = publish_then_die
+writer.publish = publish_then_die
 from etn_cli.cli import main
 
 sys.argv = ["etn", *sys.argv[1:]]

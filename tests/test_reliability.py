@@ -30,14 +30,14 @@ from etn_cli import plan as plan_module
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan
-from etn_cli.stages.extract import remaining_batches, tail_loader
+from etn_cli.stages.extract_batches import remaining_batches, tail_loader
 from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.status import render_status, status
 from etn_cli.stages.train import train
 from etn_cli.stages.verify import verify
 from etn_cli.store import ShardWriter, read_split
+from etn_cli.store.artefacts.headfiles import check_head_folder
 from etn_cli.store.atomic import is_locked, unit_lock
-from etn_cli.store.headfiles import check_head_folder
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = """
@@ -611,7 +611,7 @@ def test_cifar_batches_are_unpickled_as_arrays_only() -> None:
     import os
     import pickle
 
-    from etn_cli.store.safe_pickle import arrays_only_unpickling
+    from etn_cli.datasets.safe_pickle import arrays_only_unpickling
 
     batch = {"data": np.arange(12, dtype=np.uint8).reshape(2, 6), "labels": [3, 1]}
     evil = pickle.dumps(os.system)  # would name a callable to run

@@ -63,6 +63,24 @@ def test_read_metrics_without_files_raises():
         read_metrics([])
 
 
+def test_a_result_counted_twice_is_refused_naming_both_files(tmp_path):
+    first, copy = tmp_path / "seed0.parquet", tmp_path / "old-copy.parquet"
+    pl.DataFrame(_long_rows(0)).write_parquet(first)
+    pl.DataFrame(_long_rows(0)).write_parquet(copy)
+    with pytest.raises(EtnError, match="is given twice"):
+        read_metrics([first, tmp_path / "." / "seed0.parquet"])
+    with pytest.raises(EtnError, match=r"seed 0 on .* are in 2 files .*old-copy\.parquet"):
+        read_metrics([first, copy])
+    # the same head and seed at two sweep points are two results, not one counted twice
+    other_point = pl.DataFrame(_long_rows(0)).with_columns(pl.lit('{"lr": 1}').alias("sweep"))
+    other_point.write_parquet(copy)
+    assert read_metrics([first, copy]).height == 2 * len(_long_rows(0))
+    # a head and its temperature-scaled twin share method and variant, not label: two results
+    scaled = pl.DataFrame(_long_rows(0)).with_columns(method_label=pl.col("method_label") + " + TS")
+    scaled.write_parquet(copy)
+    assert read_metrics([first, copy]).height == 2 * len(_long_rows(0))
+
+
 def test_ood_average_mean_and_ci_match_numpy_and_scipy(metrics):
     summary = summarize(metrics)
     where = {"method": "etn", "metric": "aupr", "score": "mi"}

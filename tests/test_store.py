@@ -112,7 +112,7 @@ def test_flipped_byte_in_a_shard_is_caught_by_its_checksum(split: tuple[Path, di
 def test_reads_rehash_only_shards_whose_size_or_time_changed_and_verify_rehashes_all(
     split: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from etn_cli.store import reader
+    from etn_cli.store.reading import reader
 
     hashed: list[str] = []
     real_sha256 = reader.file_sha256

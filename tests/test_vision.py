@@ -22,7 +22,7 @@ from etn_cli.datasets import datasets
 from etn_cli.datasets.imagenet import imagenet_wnids
 from etn_cli.datasets.vision import CIFAR10_FRACTIONS
 from etn_cli.errors import EtnError
-from etn_cli.stages.extract import BackgroundAppender
+from etn_cli.stages.shard_sink import BackgroundAppender
 
 CLASSES = 4
 

@@ -24,23 +24,38 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from etn_cli import progress
 from etn_cli.backbones.hf_files import ADAPTER_WEIGHTS, first_line
 from etn_cli.backbones.lm_forward import pad_left
 from etn_cli.config import build_config, config_dict
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
-from etn_cli.heads.training import progress
 from etn_cli.provenance import provenance
 
-if TYPE_CHECKING:
-    from etn_cli.backbones.hf_lm import CausalLMBackbone
-
 FINETUNE_VERSION = 1
+
+
+class LetterModel(Protocol):
+    """What LoRA fine-tuning needs of a causal LM that answers with letters; ``hf_causal_lm``
+    (:mod:`etn_cli.backbones.hf_lm`, which imports this module, never the reverse) has it."""
+
+    adapter_dir: Path | None
+    device: torch.device
+    location: Any  # where the weights are; its ``name`` names the adapter's base model
+    tokenizer: Any
+
+    def fingerprint(self) -> dict[str, Any]: ...
+
+    def encode(self, split: Split) -> tuple[list[list[int]], torch.Tensor]: ...
+
+    def load_base_model(self) -> Any: ...
+
+    def letter_logits_of(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +88,7 @@ class LoraSettings:
 
 
 def finetune_lora(
-    backbone: CausalLMBackbone, train: Split, settings: dict[str, Any], out_dir: Path
+    backbone: LetterModel, train: Split, settings: dict[str, Any], out_dir: Path
 ) -> dict[str, Any]:
     """Train a LoRA adapter on ``train``, write it into ``out_dir`` and return the record."""
     config = build_config(LoraSettings, settings, "[finetune]")
@@ -144,7 +159,7 @@ def make_lora(model: Any, config: LoraSettings, name: str) -> Any:
 
 
 def train_lora(
-    backbone: CausalLMBackbone,
+    backbone: LetterModel,
     model: Any,
     encoded: list[list[int]],
     labels: torch.Tensor,
@@ -161,7 +176,7 @@ def train_lora(
     for epoch in range(config.epochs):
         total, correct = 0.0, 0
         batches = torch.randperm(n, generator=order).split(config.batch_size)
-        for rows in progress(batches, f"finetune epoch {epoch + 1}/{config.epochs}", steps):
+        for rows in progress.bar(batches, f"finetune epoch {epoch + 1}/{config.epochs}", steps):
             batch = pad_left([encoded[i] for i in rows.tolist()], pad_id)
             logits = backbone.letter_logits_of(model, batch).float()  # (B, C)
             target = labels[rows].to(logits.device)  # (B,)

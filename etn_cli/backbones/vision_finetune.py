@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from etn_cli import progress
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
-from etn_cli.heads.training import progress
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def train_classifier(
     scaler = torch.amp.GradScaler(device.type, enabled=mixed and amp_dtype == torch.float16)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     history = []
-    for epoch in progress(range(cfg.epochs), desc):
+    for epoch in progress.bar(range(cfg.epochs), desc):
         started, total, correct, seen = time.perf_counter(), 0.0, 0, 0
         for inputs, labels, _ in loader:
             x = inputs.to(device, non_blocking=True)

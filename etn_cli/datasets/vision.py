@@ -191,7 +191,7 @@ class CIFARSource(TorchvisionSource):
         return [(folder / name, md5) for name, md5 in listed]
 
     def construct(self, source_split: str) -> Dataset:
-        from etn_cli.store.safe_pickle import arrays_only_unpickling
+        from etn_cli.datasets.safe_pickle import arrays_only_unpickling
 
         cls = self.torchvision_class()
         train = source_split == "train"

@@ -13,7 +13,13 @@ from pathlib import Path
 def listing(what: str, folder: Path) -> str:
     if what == "pipelines":
         if not folder.is_dir():
-            return f"(no folder {folder}; pass --folder with your pipelines)"
+            from etn_cli.cli_options import UsageError
+
+            raise UsageError(
+                f"Expected a folder of pipeline files at {folder}, found none. Pass --folder "
+                "with the folder that holds your *.toml files (the shipped ones are in the "
+                "repository's pipelines/)."
+            )
         return "\n".join(str(p) for p in sorted(folder.glob("*.toml")))
     if what == "heads":
         return _heads()

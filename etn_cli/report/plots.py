@@ -27,6 +27,14 @@ from etn_cli.store.atomic import atomic_write_bytes
 PLOT_FORMATS = ("png", "pdf")
 ID_SERIES = (("acc", None, "ACC"), ("aupr", "mp", "MP"), ("aupr", "um", "UM"))
 OOD_SERIES = (("aupr", "mp", "MP"), ("aupr", "mi", "MI"), ("aupr", "de", "DE"))
+# A score keeps its colour and marker in every panel (Okabe & Ito's colour-blind-safe colours).
+SERIES_STYLES = {
+    "ACC": {"color": "#000000", "marker": "s"},
+    "MP": {"color": "#0072B2", "marker": "o"},
+    "UM": {"color": "#E69F00", "marker": "v"},
+    "MI": {"color": "#009E73", "marker": "^"},
+    "DE": {"color": "#D55E00", "marker": "D"},
+}
 
 
 def sweep_points(df: pl.DataFrame) -> pl.DataFrame:
@@ -183,31 +191,49 @@ def _figure(summary, method, setting, rest, members, metric):  # noqa: ANN001, A
         (f"OOD detection ({ood_set})", "ood", ood_set, OOD_SERIES),
     )
     for ax, (title, task, eval_set, series) in zip(axes, panels, strict=True):
-        for metric_name, score, name in series:
+        for k, (metric_name, score, name) in enumerate(series):
             wanted = metric if metric_name == "aupr" else metric_name
             mean, ci = _series(
                 summary, [label for _, label in members], task, eval_set, wanted, score
             )
             if np.isnan(mean).all():
                 continue
+            style = SERIES_STYLES[name]
             if numeric:
-                (line,) = ax.plot(x, 100 * mean, marker="o", label=name)
+                ax.plot(x, 100 * mean, label=name, **style)
                 ax.fill_between(
-                    x, 100 * (mean - ci), 100 * (mean + ci), alpha=0.2, color=line.get_color()
+                    x, 100 * (mean - ci), 100 * (mean + ci), alpha=0.15, color=style["color"]
                 )
-            else:
-                ax.errorbar(x, 100 * mean, yerr=100 * ci, marker="o", capsize=3, label=name)
+            else:  # categories: unconnected points, dodged so the error bars do not overlap
+                dodge = 0.08 * (k - (len(series) - 1) / 2)
+                ax.errorbar(
+                    x + dodge, 100 * mean, yerr=100 * ci, capsize=3, linestyle="none",
+                    label=name, **style,
+                )  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel(setting)
         if numeric and x.min() > 0 and x.max() / x.min() > 20:
             ax.set_xscale("log")
+            ax.minorticks_off()  # the swept values label the axis, not powers of ten
+        ax.set_xticks(x, [_tick(v) for v in values])
         if not numeric:
-            ax.set_xticks(x, [str(v) for v in values])
+            ax.set_xlim(-0.5, len(values) - 0.5)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel(f"{metric.upper()} (%), ACC (%)")
-    fig.suptitle(f"{method}: {metric.upper()} against {setting}" + (f" ({rest})" if rest else ""))
+    head = _common_label([label for _, label in members]) or method
+    fig.suptitle(f"{head}: {metric.upper()} against {setting}" + (f" ({rest})" if rest else ""))
     return fig
+
+
+def _tick(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _common_label(labels: list[str]) -> str:
+    """``ETN`` for ``ETN (prior_mode=1)``, ``ETN (prior_mode=10)``, …: the head's own label."""
+    heads = {label.split(" (")[0] for label in labels}
+    return heads.pop() if len(heads) == 1 else ""
 
 
 def _series(summary, labels, task, eval_set, metric, score):  # noqa: ANN001, ANN202

@@ -26,6 +26,7 @@ FAMILY_NAMES = {
 }
 DECIMALS = {"table": 1, "markdown": 2, "latex": 2}
 NON_PERCENT_DECIMALS = 3  # nll, brier
+METHOD_WIDTH = 30  # longer labels are cut with "…" in the terminal table
 
 
 def cell_columns(table: pl.DataFrame) -> list[str]:
@@ -162,8 +163,6 @@ def _render_csv(table: pl.DataFrame) -> str:
 def _render_text(table: pl.DataFrame) -> str:
     """Aligned plain text for a terminal or a log: a group header line (eval set) over the
     column names, one section per family, best per column marked ``*``."""
-    from etn_cli.report.views import METHOD_WIDTH
-
     names = cell_columns(table)
     rows = formatted(table, "table")
     label_width = min(max([len("Method"), *(len(r[0]) for r in rows)]), METHOD_WIDTH)

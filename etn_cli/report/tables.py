@@ -48,6 +48,7 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
     """Concatenate long-format metrics Parquet files, checking the required columns."""
     if not paths:
         raise EtnError("Expected at least one metrics Parquet file, got none. Run evaluate first.")
+    _refuse_repeated_paths(paths)
     frames = []
     for path in paths:
         if not Path(path).is_file():
@@ -62,7 +63,45 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
         absent = [pl.lit(None, pl.String).alias(n) for n in OPTIONAL_COLUMNS if n not in frame]
         frame = frame.with_columns(absent) if absent else frame
         frames.append(frame.with_columns(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items()))
-    return pl.concat(frames, how="diagonal_relaxed")
+    metrics = pl.concat(
+        [f.with_columns(pl.lit(str(p)).alias("_file")) for f, p in zip(frames, paths, strict=True)],
+        how="diagonal_relaxed",
+    )
+    _refuse_results_counted_twice(metrics)
+    return metrics.drop("_file")
+
+
+def _refuse_repeated_paths(paths: list[Path]) -> None:
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            also = f" (also as {seen[resolved]})" if str(seen[resolved]) != str(path) else ""
+            raise EtnError(
+                f"Metrics file {path} is given twice{also}; every result would count twice in "
+                "the means and intervals. Pass each file once."
+            )
+        seen[resolved] = Path(path)
+
+
+def _refuse_results_counted_twice(metrics: pl.DataFrame) -> None:
+    """One value per (setting, eval set, method as the summary groups it, sweep point, seed,
+    metric, score): two files holding the same result (an old setting's file beside the current
+    one, a copy) would move a mean and shrink its interval without a word. A head and its
+    temperature-scaled twin (``ETN`` and ``ETN + TS``) differ by their label: two results."""
+    keys = [*SETTING, "eval_set", *METHOD, "seed", "metric", "score"]
+    keys += [k for k in ("sweep",) if k in metrics.columns]
+    files = metrics.group_by(keys).agg(pl.col("_file").unique().sort())
+    twice = files.filter(pl.col("_file").list.len() > 1)
+    if twice.is_empty():
+        return
+    row = twice.row(0, named=True)
+    raise EtnError(
+        f"Results of {row['method']} ({row['variant']}) seed {row['seed']} on {row['eval_set']} "
+        f"are in {len(row['_file'])} files ({', '.join(row['_file'][:2])}): they would count "
+        "twice. Pass one metrics file per head and seed, or report the pipeline file, which "
+        "reads its current results only."
+    )
 
 
 def _ood_average(df: pl.DataFrame) -> pl.DataFrame:

@@ -30,7 +30,6 @@ RANKING = ("aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id")
 CALIBRATION = ("acc", "ece", "nll", "brier")
 METRICS = (*RANKING, *CALIBRATION, "runtime")
 MAX_WIDTH = 100
-METHOD_WIDTH = 30  # longer labels are cut with "…" in the terminal table
 
 
 def check_metric(metric: str | None) -> str | None:

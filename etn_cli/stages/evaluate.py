@@ -26,10 +26,10 @@ from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
+from etn_cli.store.artefacts.headfiles import check_head_folder
 from etn_cli.store.atomic import atomic_write_bytes, remove_tmp, unit_lock
-from etn_cli.store.consistency import check_varies
-from etn_cli.store.headfiles import check_head_folder
-from etn_cli.store.shards import read_split
+from etn_cli.store.reading.consistency import check_varies
+from etn_cli.store.reading.reader import read_split
 from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
 

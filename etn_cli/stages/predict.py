@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from etn_cli.api import pipeline_head, read_head
+from etn_cli import progress
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
-from etn_cli.heads.training import progress
 from etn_cli.metrics.scores import HIGHER_MEANS_ID
 from etn_cli.plan import Plan, open_source
 from etn_cli.store.atomic import atomic_write_bytes
+from etn_cli.trained_heads import pipeline_head, read_head
 
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
 INPUT_KINDS = {"torchvision": ("images", "split"), "hf_causal_lm": ("questions", "split")}
@@ -296,7 +296,7 @@ def backbone_outputs(
     batches = backbone.loader(split, data.batch_size, workers=data.workers, pin_memory=pin)
     total = -(-len(split) // data.batch_size)
     parts = []
-    for batch, labels, index in progress(batches, f"predict {split.dataset}", total):
+    for batch, labels, index in progress.bar(batches, f"predict {split.dataset}", total):
         hidden, logits, extras = backbone.extract_batch(batch)
         parts.append((index, hidden, logits, labels, extras))
     position = {int(v): i for i, v in enumerate(split.index)}

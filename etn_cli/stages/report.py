@@ -25,7 +25,9 @@ from etn_cli.report.views import footnote, view
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
-PLOTS_VERSION = 5  # 3: one frontier file per metric, colour-blind palette; 5: reliability
+# 3: one frontier file per metric, colour-blind palette; 5: sweep plots keep a colour per score,
+# swept values as ticks; 6: reliability diagrams
+PLOTS_VERSION = 6
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"

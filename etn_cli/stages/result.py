@@ -17,16 +17,25 @@ class StageResult:
     done: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
-    def skip(self, path: Path, name: str, reason: str = "up to date") -> None:
-        """Record a unit found finished (named on stderr with ``-v``)."""
+    def skip(
+        self, path: Path, name: str, reason: str = "up to date", *, quiet: bool = False
+    ) -> None:
+        """Record a unit found finished (named on stderr with ``-v``, unless ``quiet``)."""
         self.skipped.append(str(path))
-        progress.skipped(self.stage, name, reason)
+        if not quiet:
+            progress.skipped(self.stage, name, reason)
 
     @contextmanager
-    def build(self, path: Path, name: str, reason: str = "") -> Iterator[None]:
-        """Bracket building one unit: start and end lines, then record it as built."""
-        with progress.unit(self.stage, name, reason):
+    def build(
+        self, path: Path, name: str, reason: str = "", *, quiet: bool = False
+    ) -> Iterator[None]:
+        """Bracket building one unit: start and end lines (none when ``quiet``, as on every
+        torchrun rank but 0), then record it as built."""
+        if quiet:
             yield
+        else:
+            with progress.unit(self.stage, name, reason):
+                yield
         self.done.append(str(path))
 
     def summary(self) -> str:

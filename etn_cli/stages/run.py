@@ -83,6 +83,19 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def ensure_data_dir(data_dir: Path) -> Path:
+    """Create the data directory of a command that builds, or refuse in one line when it cannot
+    be (a parent that is a file, no permission, a read-only or virtual file system)."""
+    try:
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise EtnError(
+            f"Cannot create the data directory {data_dir}: {err.strerror or err}. Pass --data-dir "
+            "(or set ETN_DATA_DIR) with a folder you can write to."
+        ) from None
+    return Path(data_dir)
+
+
 def unit_count(plan) -> int:  # noqa: ANN001
     """How many units ``etn run`` goes through for ``plan`` (the ``[k/N]`` of its lines)."""
     return int(plan.finetune is not None) + len(plan.feature_units) + 2 * len(plan.heads)
@@ -141,13 +154,15 @@ def run_many(
     errors = []
     for path in files:
         try:
+            loaded = load_pipeline(path, options.overrides, options.only)
+            resolve_device(device or loaded.device)  # a missing GPU stops the batch up front
             with read_only():  # checking builds nothing; the run below does
-                make_plan(load_pipeline(path, options.overrides, options.only), data_dir)
+                make_plan(loaded, data_dir)
         except EtnError as err:
             errors.append(str(err))
     if errors:
         raise EtnError(" | ".join(errors) if len(errors) > 1 else errors[0])
-    progress.say(f"etn: data directory {Path(data_dir).resolve()}")
+    progress.say(f"etn: data directory {ensure_data_dir(data_dir).resolve()}")
     outcomes = []
     for path in files:
         started = time.perf_counter()

@@ -14,9 +14,8 @@ from pathlib import Path
 
 from etn_cli.plan import Plan
 from etn_cli.store.atomic import is_locked, partial_folders
-from etn_cli.store.journal import peek_journal
-from etn_cli.store.leftovers import TMP_FILE
-from etn_cli.store.manifest import load_manifest, split_is_complete
+from etn_cli.store.maintenance.leftovers import TMP_FILE, peek_partial
+from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
 STATES = ("done", "partial", "missing")
 
@@ -57,9 +56,9 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
     rows = [(u.kind, u.name, u.state, u.detail, _relative(u.path, plan)) for u in units]
     if fmt != "table":
         return _status_rows(header, rows, fmt)
-    rows = [header, *rows]
+    rows = [header[:4], *(row[:4] for row in rows)]  # paths: --format csv/json (too wide here)
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[4]])
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]  # fmt: skip
     counts = {state: sum(u.state == state for u in units) for state in STATES}
     summary = f"{plan.pipeline.name}: {len(units)} units, " + ", ".join(
@@ -69,7 +68,9 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
         summary += f"; `etn run {_shown(plan.pipeline.path)}` builds the rest"
     if not plan.data_dir.is_dir():
         summary += f" (no data directory at {plan.data_dir} yet)"
-    return "\n".join([*lines, summary])
+        return "\n".join([*lines, summary])
+    where = f"data directory {plan.data_dir} (--format csv or json adds each unit's path)"
+    return "\n".join([where, *lines, summary])
 
 
 def _status_rows(header: tuple[str, ...], rows: list[tuple[str, ...]], fmt: str) -> str:
@@ -100,7 +101,7 @@ def _features(name: str, path: Path, plan: Plan) -> UnitStatus:
     folders = partial_folders(path)
     if not folders:
         return UnitStatus("features", name, "missing", "", path)
-    journals = [j for j in (peek_journal(folder) for folder in folders) if j is not None]
+    journals = [j for j in (peek_partial(folder) for folder in folders) if j is not None]
     shards, rows = max(journals, default=(0, 0))
     detail = f"{shards} shard(s), {rows} rows done so far, {_holder(path)}"
     return UnitStatus("features", name, "partial", detail, path)

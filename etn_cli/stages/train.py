@@ -18,10 +18,11 @@ from etn_cli.config import config_dict
 from etn_cli.plan import HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
+from etn_cli.store.artefacts.classifier import load_classifier
+from etn_cli.store.artefacts.headfiles import RECORD, head_checksums
 from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
-from etn_cli.store.consistency import check_splits, check_varies
-from etn_cli.store.headfiles import RECORD, head_checksums
-from etn_cli.store.shards import Features, load_classifier, read_split
+from etn_cli.store.reading.consistency import check_splits, check_varies
+from etn_cli.store.reading.reader import Features, read_split
 from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etn_cli.errors import EtnError
+from etn_cli.store.artefacts.headfiles import read_json_object
 from etn_cli.store.fingerprint import fingerprint_key
-from etn_cli.store.headfiles import read_json_object
-from etn_cli.store.leftovers import Leftover, clean_leftover, find_leftovers
+from etn_cli.store.maintenance.leftovers import Leftover, clean_leftover, find_leftovers
 
 METRICS_COLUMNS = (
     "pipeline", "backbone", "id_dataset", "eval_set", "task", "method", "variant", "seed",
@@ -128,7 +128,7 @@ def _rerun(path: Path, stage: str) -> str:
 
 
 def _check_split(path: Path) -> None:
-    from etn_cli.store.reader import check_split
+    from etn_cli.store.reading.reader import check_split
 
     manifest = check_split(path)
     key = fingerprint_key(manifest["fingerprint"])
@@ -141,14 +141,14 @@ def _check_split(path: Path) -> None:
 
 
 def _check_classifier(path: Path) -> None:
-    from etn_cli.store.classifier import load_classifier
+    from etn_cli.store.artefacts.classifier import load_classifier
 
     load_classifier(path)
 
 
 def _check_head(path: Path) -> None:
     from etn_cli.heads.base import Head
-    from etn_cli.store.headfiles import check_head_folder
+    from etn_cli.store.artefacts.headfiles import check_head_folder
 
     record = check_head_folder(path)
     named = KEY_SUFFIX.search(path.name)

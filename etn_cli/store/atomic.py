@@ -5,7 +5,7 @@ and moved into place with ``os.replace`` (atomic on one file system); folders ar
 private ``<final>.partial-<random>`` name, fsynced and renamed when complete. A process killed
 half-way leaves at most a ``.partial-`` folder or a ``.<name>.<random>.tmp`` file behind, which
 the next process to hold the unit's lock clears (:func:`remove_partials`, :func:`remove_tmp`)
-or, for extraction, resumes (:mod:`etn_cli.store.journal`). The lock is an ``flock`` the
+or, for extraction, resumes (:mod:`etn_cli.store.writing.journal`). The lock is an ``flock`` the
 kernel releases when its holder dies, so a crash never leaves a lock to clear by hand.
 """
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from etn_cli.errors import EtnError
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
-from etn_cli.store.manifest import MANIFEST_NAME, load_manifest
-from etn_cli.store.reader import check_same_columns
-from etn_cli.store.shardfile import inspect_shard, list_shard_files, open_shard
+from etn_cli.store.reading.reader import check_same_columns
+from etn_cli.store.writing.manifest import MANIFEST_NAME, load_manifest
+from etn_cli.store.writing.shardfile import inspect_shard, list_shard_files, open_shard
 
 FIX_SAME_MODEL = "Point every split at features of one model (re-extract the odd one)."
 

@@ -1,8 +1,8 @@
 """The ``manifest.json`` of a split folder: what it holds, how it was made, and its content key.
 
 A manifest is written last, inside the private folder, so a split folder that has one under its
-final name is complete. Readers trust nothing in it blindly: :mod:`etn_cli.store.reader` checks
-every shard against it.
+final name is complete. Readers trust nothing in it blindly: :mod:`etn_cli.store.reading.reader`
+checks every shard against it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.store.atomic import LOCK_SUFFIX, OLD_TAG, PARTIAL_TAG, is_locked, unit_lock
-from etn_cli.store.journal import peek_journal
+from etn_cli.store.writing.journal import peek_journal
+from etn_cli.store.writing.pieces import PIECES_TAG, peek_pieces
 
 TMP_FILE = re.compile(r"^\.(?P<unit>.+)\.[0-9a-f]{8}\.tmp$")
 UNLOCKED_MIN_AGE_S = 3600  # a leftover without a lock is only removed once this old
@@ -66,6 +67,15 @@ def classify(path: Path) -> Leftover | None:
     return None
 
 
+def peek_partial(folder: Path) -> tuple[int, int] | None:
+    """``(shards, rows)`` an unfinished extraction left in ``folder``, hashing nothing: the
+    shards its journal lists, or for a torchrun pieces folder the pieces finished so far (one
+    shard each); None when it holds neither."""
+    if Path(folder).name.endswith(PIECES_TAG):
+        return peek_pieces(Path(folder))
+    return peek_journal(Path(folder))
+
+
 def clean_leftover(left: Leftover) -> bool:
     """Delete ``left`` if no live process holds it; True when it was deleted."""
     if left.unit is None:
@@ -84,7 +94,7 @@ def clean_leftover(left: Leftover) -> bool:
 def _describe(path: Path, tag: str) -> str:
     if tag == OLD_TAG:
         return "the replaced copy of a unit from an interrupted --force; nothing reads it"
-    journal = peek_journal(path)
+    journal = peek_partial(path)
     if journal is not None:
         shards, rows = journal
         return (

@@ -22,11 +22,10 @@ import h5py
 import numpy as np
 
 from etn_cli.errors import EtnError
-from etn_cli.store.checks import check_dtype, check_finite, check_ndim, describe
-from etn_cli.store.manifest import FORMAT_VERSION, check_format
+from etn_cli.store.writing.checks import check_dtype, check_finite, check_ndim, describe
+from etn_cli.store.writing.manifest import FORMAT_VERSION, check_format
 
 REQUIRED = ("hidden", "logits", "labels", "index")
-FLOAT_DATASETS = ("hidden", "logits")
 REREAD_HINT = "Delete the split folder and run etn extract again, or rewrite the shard."
 
 

@@ -18,8 +18,8 @@ from safetensors.numpy import load, save
 
 from etn_cli.errors import EtnError
 from etn_cli.store.atomic import atomic_write_bytes
-from etn_cli.store.checks import check_finite, to_numpy
-from etn_cli.store.manifest import FORMAT_VERSION, default_provenance
+from etn_cli.store.writing.checks import check_finite, to_numpy
+from etn_cli.store.writing.manifest import FORMAT_VERSION, default_provenance
 
 CLASSIFIER_KIND = "etn-classifier"
 

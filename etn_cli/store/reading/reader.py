@@ -16,16 +16,21 @@ from typing import Any
 import numpy as np
 
 from etn_cli.errors import EtnError
-from etn_cli.store.checks import check_unique_index
 from etn_cli.store.fingerprint import file_sha256
-from etn_cli.store.manifest import (
+from etn_cli.store.writing.checks import check_unique_index
+from etn_cli.store.writing.manifest import (
     MANIFEST_NAME,
     build_manifest,
     load_manifest,
     save_manifest,
     shard_unchanged,
 )
-from etn_cli.store.shardfile import ShardLayout, inspect_shard, list_shard_files, read_shard_into
+from etn_cli.store.writing.shardfile import (
+    ShardLayout,
+    inspect_shard,
+    list_shard_files,
+    read_shard_into,
+)
 
 FORCE_HINT = "Delete the split folder and run etn extract again (or rewrite your own shards)."
 

@@ -95,12 +95,7 @@ def open_journal(final: Path, settings: dict[str, Any]) -> Journal:
 
 def peek_journal(folder: Path) -> tuple[int, int] | None:
     """``(shards, rows)`` a partial folder's journal lists, without hashing anything (for
-    ``etn status`` and ``etn verify``); None when it has no readable journal. For the pieces
-    folder of a torchrun extraction, the pieces finished so far (one shard each)."""
-    from etn_cli.store.pieces import PIECES_TAG, peek_pieces
-
-    if Path(folder).name.endswith(PIECES_TAG):
-        return peek_pieces(Path(folder))
+    ``etn status`` and ``etn verify``); None when it has no readable journal."""
     try:
         document = json.loads((Path(folder) / JOURNAL_NAME).read_text(encoding="utf-8"))
         shards = document["shards"]

@@ -1,18 +1,14 @@
-"""The feature store: split folders of HDF5 shards written once by ``extract``, read by the rest.
+"""Write one split folder: batches of backbone outputs in, shards and a manifest out.
 
-A split folder holds one (backbone, dataset, split): ``shard-00000.h5``, ``shard-00001.h5``, ...
-and ``manifest.json``. Each shard has the datasets ``hidden`` (N, D) float, ``logits`` (N, C)
-float, ``labels`` (N,) int64 and ``index`` (N,) int64 (the sample's position in its source
-split), optional ``layers/<name>`` (N, D_l) float, and the root attribute ``etn_format = 1``.
-Users may write such shards themselves with h5py; :func:`read_split` accepts a folder without a
-manifest, and :func:`write_manifest` adds one.
-
-:class:`ShardWriter` builds the folder under a private ``<split>.partial-<random>`` name and
-renames it into place after writing the manifest last, so a split folder that exists is
-complete. With ``resume`` (what ``extract`` uses, holding the unit's lock) every finished shard
-is recorded in a journal (:mod:`etn_cli.store.journal`): a killed run leaves its finished
-shards behind and the next run adopts them and skips the batches they cover. Without it, a
-failed run leaves nothing behind.
+:class:`ShardWriter` builds the folder under a private ``<split>.partial-<random>`` name
+(:mod:`etn_cli.store.atomic`), writes a shard (:mod:`~etn_cli.store.writing.shardfile`) each
+time ``shard_rows`` rows are in, and renames the folder into place after writing the manifest
+(:mod:`~etn_cli.store.writing.manifest`) last, so a split folder that exists is complete. Every
+batch is checked at this boundary (:mod:`~etn_cli.store.writing.checks`). With ``resume`` (what
+``extract`` uses, holding the unit's lock) every finished shard is recorded in a journal
+(:mod:`~etn_cli.store.writing.journal`): a killed run leaves its finished shards behind and the
+next run adopts them and skips the batches they cover. Without it, a failed run leaves nothing
+behind.
 """
 
 from __future__ import annotations
@@ -26,22 +22,11 @@ import numpy as np
 
 from etn_cli.errors import EtnError
 from etn_cli.store.atomic import exists_message, new_partial, publish
-from etn_cli.store.checks import check_finite, check_unique_index, checked_batch, describe
-from etn_cli.store.classifier import load_classifier, save_classifier
 from etn_cli.store.fingerprint import file_sha256, fingerprint_key
-from etn_cli.store.journal import Journal, open_journal
-from etn_cli.store.manifest import SHARD_NAME, build_manifest, save_manifest
-from etn_cli.store.reader import Features, read_split, write_manifest
-from etn_cli.store.shardfile import inspect_shard, read_index, write_shard
-
-__all__ = [
-    "Features",
-    "ShardWriter",
-    "load_classifier",
-    "read_split",
-    "save_classifier",
-    "write_manifest",
-]
+from etn_cli.store.writing.checks import check_finite, check_unique_index, checked_batch, describe
+from etn_cli.store.writing.journal import Journal, open_journal
+from etn_cli.store.writing.manifest import SHARD_NAME, build_manifest, save_manifest
+from etn_cli.store.writing.shardfile import inspect_shard, read_index, write_shard
 
 NAN_HINT = (
     'Check the backbone\'s outputs (try dtype = "float32" in [backbone]); nothing was written.'

@@ -1,0 +1,255 @@
+"""The ``etn`` commands that build units of a pipeline: ``run``, ``finetune``, ``extract``,
+``train``, ``evaluate`` and ``predict``. Each parses its options, plans the pipeline, calls one
+stage and prints what it did; :mod:`etn_cli.cli` registers them. :func:`load_plan` serves
+:mod:`etn_cli.cli_inspect` too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from etn_cli import progress
+from etn_cli.cli_options import (
+    DataDir,
+    Device,
+    Force,
+    FormatOption,
+    Only,
+    Overrides,
+    PipelineArg,
+    Quiet,
+    Verbose,
+    check_format,
+    only_heads,
+    resolve_data_dir,
+)
+from etn_cli.distributed import is_main_process, refuse_under_torchrun
+from etn_cli.errors import EtnError
+
+
+def load_plan(
+    pipeline: Path,
+    data_dir: Path | None,
+    overrides: list[str] | None = None,
+    only: str | None = None,
+    read_only: bool = False,
+) -> Any:
+    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything."""
+    from etn_cli.backbones.base import read_only as building_nothing
+    from etn_cli.pipeline import load_pipeline
+    from etn_cli.plan import make_plan
+
+    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    if not read_only:
+        return make_plan(loaded, resolve_data_dir(data_dir))
+    with building_nothing():
+        return make_plan(loaded, resolve_data_dir(data_dir))
+
+
+def plan_on(
+    pipeline: Path,
+    data_dir: Path | None,
+    device: str | None,
+    overrides: list[str] | None = None,
+    only: str | None = None,
+) -> tuple[Any, str]:
+    """The plan and the checked device of a command that builds: a device this machine lacks
+    is refused before planning, which may already train a backbone."""
+    from etn_cli.pipeline import load_pipeline
+    from etn_cli.stages.run import ensure_data_dir, resolve_device
+
+    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    dev = resolve_device(device or loaded.device)
+    ensure_data_dir(resolve_data_dir(data_dir))
+    return load_plan(pipeline, data_dir, overrides, only), dev
+
+
+def run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
+    """Plan the pipeline, run one stage on it and print what it built and skipped."""
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
+    typer.echo(stage(plan, device=dev, **options).summary())
+
+
+def run(
+    pipelines: Annotated[
+        list[Path], typer.Argument(metavar="PIPELINE", help="Pipeline files or folders of them.")
+    ],
+    data_dir: DataDir = None,
+    device: Device = None,
+    format: FormatOption = "table",
+    metric: Annotated[
+        str | None, typer.Option(metavar="METRIC", help="Show one metric (see `etn report`).")
+    ] = None,
+    overrides: Overrides = None,
+    only: Only = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print each unit, cached or to build; run nothing.")
+    ] = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    """Run (finetune,) extract, train, evaluate and report per pipeline, skipping finished work.
+
+    Safe to rerun (e.g. from cron): finished units are found by their content keys and kept.
+    Several pipelines run in turn; a failing one does not stop the others, and the exit code
+    is non-zero if any failed. Under torchrun the ranks share extraction, then rank 0 alone
+    trains, evaluates and prints the tables.
+    """
+    from etn_cli.report.views import check_metric
+    from etn_cli.stages.run import RunOptions, dry_run_report, run_many
+
+    progress.configure(quiet=quiet, verbose=verbose)
+    options = RunOptions(
+        fmt=check_format(format),
+        metric=check_metric(metric),
+        overrides=tuple(overrides or ()),
+        only=only_heads(only),
+    )
+    data = resolve_data_dir(data_dir)
+    if dry_run:
+        typer.echo(dry_run_report(pipelines, data, options))
+        return
+    outcomes = run_many(pipelines, data, device=device, options=options)
+    if not is_main_process():
+        raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
+    tables = [o for o in outcomes if o.ok and o.table]
+    for outcome in tables:
+        title = f"## {outcome.path}\n\n" if len(tables) > 1 and options.fmt != "json" else ""
+        typer.echo(f"{title}{outcome.table.rstrip()}")
+    for outcome in outcomes:
+        if outcome.ok:
+            progress.say(outcome.line())
+        else:
+            typer.echo(outcome.line(), err=True)
+    if not all(o.ok for o in outcomes):
+        raise typer.Exit(1)
+
+
+def finetune(
+    pipeline: PipelineArg,
+    data_dir: DataDir = None,
+    device: Device = None,
+    force: Force = False,
+    overrides: Overrides = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    """Stage zero: train the backbone on the split named by the pipeline's finetune table.
+
+    The weights (or adapter) land in <data-dir>/backbones/<backbone>-finetune-<key>/ with a
+    finetune.json record; extract then uses them. Skipped when already complete.
+    """
+    from etn_cli.stages.finetune import finetune as run_finetune
+
+    refuse_under_torchrun("finetune")
+    progress.configure(quiet=quiet, verbose=verbose)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    if plan.finetune is None:
+        raise EtnError(
+            f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
+            '(e.g. [finetune] split = "train") or run `etn extract`.'
+        )
+    typer.echo(run_finetune(plan, device=dev, force=force).summary())
+
+
+def extract(
+    pipeline: PipelineArg,
+    data_dir: DataDir = None,
+    device: Device = None,
+    overrides: Overrides = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    """Run the backbone once per dataset split and cache hidden states + logits as HDF5 shards.
+
+    Under torchrun (torchrun --nproc-per-node N -m etn_cli extract ...) each rank extracts a
+    share of every split on its own GPU and rank 0 merges them; the result is the same."""
+    from etn_cli.stages.extract import extract as run_extract
+
+    progress.configure(quiet=quiet, verbose=verbose)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    summary = run_extract(plan, device=dev).summary()
+    if is_main_process():
+        typer.echo(summary)
+
+
+def train(
+    pipeline: PipelineArg,
+    data_dir: DataDir = None,
+    device: Device = None,
+    force: Force = False,
+    overrides: Overrides = None,
+    only: Only = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    """Fit every head of the pipeline (per seed) on the cached adaptation features."""
+    from etn_cli.stages.train import train as run_train
+
+    refuse_under_torchrun("train")
+    progress.configure(quiet=quiet, verbose=verbose)
+    run_stage(run_train, pipeline, data_dir, device, overrides, only, force=force)
+
+
+def evaluate(
+    pipeline: PipelineArg,
+    data_dir: DataDir = None,
+    device: Device = None,
+    force: Force = False,
+    overrides: Overrides = None,
+    only: Only = None,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
+) -> None:
+    """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
+    from etn_cli.stages.evaluate import evaluate as run_evaluate
+
+    refuse_under_torchrun("evaluate")
+    progress.configure(quiet=quiet, verbose=verbose)
+    run_stage(run_evaluate, pipeline, data_dir, device, overrides, only, force=force)
+
+
+def predict(
+    pipeline: PipelineArg,
+    inputs: Annotated[
+        str,
+        typer.Argument(
+            metavar="INPUTS",
+            help="An image folder, a .jsonl of questions, or a split: digits:test.",
+        ),
+    ],
+    head: Annotated[
+        str, typer.Option(metavar="HEAD", help="Head name, report label or folder name.")
+    ] = "etn",
+    seed: Annotated[int, typer.Option(metavar="SEED", help="The seed of the trained head.")] = 0,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", metavar="FILE", help="A .parquet or .csv file.")
+    ] = Path("predictions.parquet"),
+    threshold: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="SCORE=VALUE",
+            help="Repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5.",
+        ),
+    ] = None,
+    data_dir: DataDir = None,
+    device: Device = None,
+    overrides: Overrides = None,
+) -> None:
+    """Run a trained head on new inputs; write one row per input with every score.
+
+    Inputs are an image folder, a JSONL file of questions or a dataset split (digits:test);
+    the output (Parquet or CSV) holds the prediction, its probabilities and every
+    uncertainty score, plus flags for --threshold."""
+    from etn_cli.stages.predict import output_format, parse_thresholds
+    from etn_cli.stages.predict import predict as run_predict
+
+    refuse_under_torchrun("predict")
+    thresholds = parse_thresholds(threshold or [])
+    output_format(out)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
+    typer.echo(run_predict(plan, inputs, device=dev, **options).summary())

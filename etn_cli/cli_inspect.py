@@ -1,0 +1,138 @@
+"""The ``etn`` commands that look at what was built and compute nothing: ``report``,
+``verify``, ``ls`` and ``status`` (``report`` writes its tables and plots, nothing else).
+:mod:`etn_cli.cli` registers them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from etn_cli.cli_build import load_plan
+from etn_cli.cli_options import (
+    DataDir,
+    FormatOption,
+    Only,
+    Overrides,
+    PipelineArg,
+    check_format,
+    choose,
+    resolve_data_dir,
+)
+from etn_cli.distributed import refuse_under_torchrun
+from etn_cli.errors import EtnError
+
+LISTINGS = ("heads", "backbones", "datasets", "pipelines")
+
+
+def report(
+    sources: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="SOURCE",
+            help="Pipeline files (their current results) or metrics *.parquet files.",
+        ),
+    ],
+    data_dir: DataDir = None,
+    format: FormatOption = "table",
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            metavar="METRIC",
+            help="One metric's full table: aupr, auroc, fpr95, aupr_in, aupr_out (per score), "
+            "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR).",
+        ),
+    ] = None,
+    overrides: Overrides = None,
+    only: Only = None,
+) -> None:
+    """Print the results table of pipelines or metrics files and write tables and plots.
+
+    Tables, results.json and plots go to <data-dir>/reports/<pipeline>/ (their paths on
+    stderr); the table in the chosen format goes to stdout. Nothing is trained or scored."""
+    from etn_cli.report.views import check_metric
+    from etn_cli.stages.report import report as run_report
+    from etn_cli.stages.report import report_files
+
+    refuse_under_torchrun("report")
+    fmt, metric = check_format(format), check_metric(metric)
+    parquet = [p for p in sources if p.suffix == ".parquet"]
+    tables, written = [], []
+    for source in sources:
+        if source.suffix != ".parquet":
+            plan = load_plan(source, data_dir, overrides, only, read_only=True)
+            table, files = run_report(plan, fmt=fmt, metric=metric)
+            tables.append(table)
+            written += files
+    if parquet:
+        tables.append(report_files(parquet, fmt=fmt, metric=metric))
+    typer.echo("\n\n".join(t.rstrip("\n") for t in tables))
+    for path in written:  # stdout stays the table
+        typer.echo(f"wrote {path}", err=True)
+
+
+def verify(
+    data_dir: DataDir = None,
+    clean_partials: Annotated[
+        bool,
+        typer.Option(
+            "--clean-partials",
+            help="Delete leftovers of interrupted runs that no running etn process holds.",
+        ),
+    ] = False,
+) -> None:
+    """Check every manifest, row count and checksum under the data directory.
+
+    Prints one line per damaged item (what is wrong, how to fix it) and per leftover of an
+    interrupted run, then a summary; exits 1 when anything is damaged.
+    """
+    from etn_cli.stages.verify import verify as run_verify
+
+    refuse_under_torchrun("verify")
+    data = resolve_data_dir(data_dir)
+    if not data.is_dir():
+        raise EtnError(
+            f"No data directory at {data}: nothing has run there yet, so there is nothing to "
+            "verify. Run `etn run PIPELINE` first, or pass --data-dir."
+        )
+    outcome = run_verify(data, clean_partials=clean_partials)
+    typer.echo(outcome.render())
+    if outcome.damaged:
+        raise typer.Exit(1)
+
+
+def list_names(
+    what: Annotated[
+        str, typer.Argument(metavar="WHAT", help="heads, backbones, datasets or pipelines.")
+    ],
+    folder: Annotated[
+        Path, typer.Option(metavar="DIR", help="Where to look for pipelines.")
+    ] = Path("pipelines"),
+) -> None:
+    """List the registered heads (with their family and needs), backbones, datasets, or the
+    pipeline files in a folder."""
+    from etn_cli.report.listing import listing
+
+    typer.echo(listing(choose(what, LISTINGS, "listing"), folder))
+
+
+def status(
+    pipeline: PipelineArg,
+    data_dir: DataDir = None,
+    format: FormatOption = "table",
+    overrides: Overrides = None,
+    only: Only = None,
+) -> None:
+    """Show which units of a pipeline are done, partial or missing (nothing is written).
+
+    Units are the fine-tuned backbone, the feature splits, the classifier, heads x seeds and
+    metrics files; partial means in progress or interrupted (with the shards done so far)."""
+    from etn_cli.stages.status import render_status
+    from etn_cli.stages.status import status as unit_status
+
+    refuse_under_torchrun("status")
+    fmt = check_format(format)
+    plan = load_plan(pipeline, data_dir, overrides, only, read_only=True)
+    typer.echo(render_status(plan, unit_status(plan), fmt))
