@@ -13,6 +13,7 @@ too). Each panel names the head's ECE (mean over seeds, as the tables show it). 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +109,7 @@ def _panel(ax, label, n, confidence, accuracy, ece) -> None:  # noqa: ANN001
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_aspect("equal")
-    title = label if len(label) <= 28 else label[:27] + "…"
+    title = textwrap.fill(label, 30, break_on_hyphens=False)  # a sweep point's label in full
     ax.set_title(title + ("" if ece is None else f"\nECE {100 * ece:.1f}%"), fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.25)
