@@ -44,6 +44,9 @@ class DataSpec:
     fit: str | None = None  # a split of the ID dataset for ID statistics (``"train"``)
     fit_rows: int | None = None  # a seeded subsample of that many rows of ``fit``
     groups: dict = field(default_factory=dict)  # group -> OOD entries, averaged in reports
+    # "paper": every OOD set is OOD, averaged as <id>-OOD; "openood": the report also averages
+    # them by kind of shift (semantic-OOD, covariate-OOD), as OpenOOD v1.5 groups ImageNet-R
+    grouping: Literal["paper", "openood"] = "paper"
     root: str | None = None  # where datasets that need files on disk look for them
     batch_size: int = 256
     shard_rows: int = 65536

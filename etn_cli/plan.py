@@ -30,7 +30,7 @@ from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit,
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 3  # 3: OpenOOD's aupr_in, aupr_out, fpr95 (OOD positive) and fpr95_id
+METRICS_VERSION = 4  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins
 SUBSAMPLE_SEED = 0  # fixes the rows that ``fit_rows`` keeps
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights
@@ -222,13 +222,16 @@ def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> Finetun
 def head_label(spec: HeadSpec, head: Any) -> str:
     """The name a head goes by in reports: the pipeline's ``label``, else the head's own
     display label (which may depend on what it was fitted on, like ODIN's), plus its sweep
-    point."""
-    return sweep_label(spec.label or head.display_label, spec.sweep, spec.label is None)
+    point; ``+ TS`` marks a temperature-scaled head."""
+    own = head.display_label + (" + TS" if head.config.calibrate == "temperature" else "")
+    return sweep_label(spec.label or own, spec.sweep, spec.label is None)
 
 
 def sweep_label(label: str, point: dict[str, Any], variant_in_label: bool) -> str:
-    """``ETN (prior_mode=5)`` for a sweep point; the variant is already in a default label."""
-    shown = {k: v for k, v in point.items() if not (k == "variant" and variant_in_label)}
+    """``ETN (prior_mode=5)`` for a sweep point; the variant and the calibration are already
+    in a default label."""
+    in_label = ("variant", "calibrate") if variant_in_label else ()
+    shown = {k: v for k, v in point.items() if k not in in_label}
     return f"{label} ({', '.join(f'{k}={v}' for k, v in shown.items())})" if shown else label
 
 

@@ -75,6 +75,10 @@ def test_a_result_counted_twice_is_refused_naming_both_files(tmp_path):
     other_point = pl.DataFrame(_long_rows(0)).with_columns(pl.lit('{"lr": 1}').alias("sweep"))
     other_point.write_parquet(copy)
     assert read_metrics([first, copy]).height == 2 * len(_long_rows(0))
+    # a head and its temperature-scaled twin share method and variant, not label: two results
+    scaled = pl.DataFrame(_long_rows(0)).with_columns(method_label=pl.col("method_label") + " + TS")
+    scaled.write_parquet(copy)
+    assert read_metrics([first, copy]).height == 2 * len(_long_rows(0))
 
 
 def test_ood_average_mean_and_ci_match_numpy_and_scipy(metrics):

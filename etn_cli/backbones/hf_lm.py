@@ -1,12 +1,14 @@
 """``hf_causal_lm``: any Hugging Face causal LM answering multiple-choice questions
 (Llama-3.1-8B and Gemma-2-9B in the paper), optionally with a peft LoRA adapter.
 
-The output space is the answer letters (paper, "LLM Datasets", after Yang et al. 2024 and
-Li et al. 2025): ``logits`` are the answer-letter rows of lm_head applied to the final hidden
-state at the prompt's last real token, followed by the model's own final-logit transform
-(Gemma-2's soft-capping); ``hidden`` is that final hidden state (after the final norm, the
-input of lm_head). See :mod:`etn_cli.backbones.lm_forward` for the formulas. The model and
-tokenizer load lazily, so planning a pipeline only reads config, tokenizer and hashes.
+The output space is the answer letters (paper, "LLM Datasets", after Yang et al. 2024 and Li et
+al. 2025): ``logits`` are the answer-letter rows of lm_head applied to the final hidden state
+at the prompt's last real token, followed by the model's own final-logit transform (Gemma-2's
+soft-capping). With ``class_space = "vocabulary"`` they are every row of lm_head (the whole
+vocabulary, the reading of the paper's ablation) and a label is its letter's token id;
+``hidden`` is that final hidden state (after the final norm, the input of lm_head). See
+:mod:`etn_cli.backbones.lm_forward` for the formulas. The model and tokenizer load lazily, so
+planning a pipeline only reads config, tokenizer and hashes.
 
 Batches are grouped by prompt length (longest first) and left-padded; ``index`` restores the
 split order. Adapters are merged into the weights for extraction. ``classifier()`` returns
@@ -21,7 +23,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -47,6 +49,7 @@ from etn_cli.backbones.lm_forward import (
     layer_modules,
     letter_logits,
     pad_left,
+    postprocess_logits,
     probe_prompt,
 )
 from etn_cli.backbones.lora import LoraSettings
@@ -67,6 +70,10 @@ class Config:
     adapter: str | None = None  # peft adapter folder (adapter_model.safetensors)
     dtype: DtypeName = "auto"  # bfloat16 on CUDA, float32 elsewhere
     letters: tuple[str, ...] = ("A", "B", "C", "D")
+    # The classes: "letters" (the answer letters, paper Sec. 5.1 "Models": "we restrict the
+    # output space to only the multiple-choice answer tokens") or "vocabulary" (every token,
+    # as the ablation's "C ~ 10^5 for Llama-3.1", Sec. 5.6 "Prior Parameters", reads).
+    class_space: Literal["letters", "vocabulary"] = "letters"
     prompt_template: str = "default"  # a name in etn_cli.prompts.TEMPLATES or a format string
     choice_line: str = CHOICE_LINE  # one answer choice: "{letter}. {text}"
     max_length: int = 2048  # longer prompts lose their beginning (with a warning)
@@ -208,6 +215,7 @@ class CausalLMBackbone(Backbone):
                 "adapter": adapter_fingerprint(adapter) if adapter else None,
                 "dtype": self.dtype,
                 "letters": list(self.config.letters),
+                "class_space": self.config.class_space,
                 "answer_tokens": {"variant": answer.variant, "ids": list(answer.ids)},
                 "prompt_template": self.template.fingerprint(),
                 "max_length": self.config.max_length,
@@ -219,7 +227,15 @@ class CausalLMBackbone(Backbone):
         return self._fingerprint
 
     @property
+    def vocabulary(self) -> bool:
+        return self.config.class_space == "vocabulary"
+
+    @property
     def num_classes(self) -> int:
+        if self.vocabulary:
+            _ = self.location
+            text = self._model_config.get("text_config") or self._model_config
+            return int(text["vocab_size"])
         return len(self.config.letters)
 
     @property
@@ -272,7 +288,10 @@ class CausalLMBackbone(Backbone):
                 "keep them whole.",
                 stacklevel=2,
             )
-        labels = torch.tensor([q.answer for q in questions], dtype=torch.long)  # (N,)
+        answers = [q.answer for q in questions]
+        if self.vocabulary:  # the class is the answer letter's token id
+            answers = [self.answer_tokens.ids[a] for a in answers]
+        labels = torch.tensor(answers, dtype=torch.long)  # (N,)
         return [list(ids[-limit:]) for ids in encoded], labels
 
     def batches(
@@ -302,12 +321,15 @@ class CausalLMBackbone(Backbone):
     def run(
         self, inputs: dict[str, torch.Tensor], modules: dict[str, Any]
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """``hidden`` (B, D), letter ``logits`` (B, C) and each module's output at the last
-        real token (B, D_l); float32 on the CPU."""
+        """``hidden`` (B, D), the ``logits`` of the class space (B, C) and each module's
+        output at the last real token (B, D_l); float32 on the CPU."""
         model = self.model
         with captured_layers(modules, inputs["attention_mask"]) as layers:
             hidden = final_hidden(model, inputs)  # (B, D)
-        logits = letter_logits(model, hidden, self.answer_tokens.ids)  # (B, C)
+        if self.vocabulary:  # every row of lm_head, without copying it
+            logits = postprocess_logits(model.get_output_embeddings()(hidden), model.config)
+        else:
+            logits = letter_logits(model, hidden, self.answer_tokens.ids)  # (B, C)
         return hidden.float().cpu(), logits.float().cpu(), dict(layers)
 
     def classifier(self) -> dict[str, torch.Tensor]:
@@ -315,7 +337,8 @@ class CausalLMBackbone(Backbone):
         has none). ``logits == hidden @ weight.T + bias`` except for models with a final-logit
         transform (Gemma-2 soft-capping), where that transform follows."""
         head = self.model.get_output_embeddings()
-        index = torch.as_tensor(self.answer_tokens.ids, device=head.weight.device)
+        ids = range(self.num_classes) if self.vocabulary else self.answer_tokens.ids
+        index = torch.as_tensor(list(ids), device=head.weight.device)
         weight = head.weight[index].detach().float().cpu().clone()  # (C, D)
         bias = getattr(head, "bias", None)
         bias = bias[index].detach().float().cpu().clone() if bias is not None else None

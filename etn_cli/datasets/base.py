@@ -55,6 +55,9 @@ class DatasetSource:
 
     name: ClassVar[str]
     splits: ClassVar[tuple[str, ...]]
+    # As an OOD set: "semantic" (classes the model does not know) or "covariate" (the model's
+    # own classes, seen differently), the grouping of OpenOOD v1.5 (``[data] grouping``).
+    shift: ClassVar[str] = "semantic"
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
         self.root = root

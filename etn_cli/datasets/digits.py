@@ -180,6 +180,7 @@ class DigitsNoise(DigitsSource):
     """Covariate-shift OOD: the ``digits`` test images plus seeded Gaussian noise, clipped."""
 
     name = "digits_noise"
+    shift = "covariate"  # the known digits 0-6, seen through noise
     splits = ("test",)
     num_classes = len(ID_CLASSES)
 

@@ -197,6 +197,7 @@ class ImageNetA(ImageFolderSource):
     """ImageNet-A (Hendrycks et al. 2021): 7,500 natural adversarial images of 200 classes."""
 
     name = "imagenet_a"
+    shift = "covariate"  # ImageNet's own classes (OpenOOD v1.5: covariate-shifted ID)
     title = "ImageNet-A"
     splits = ("test",)
     default_folder = "imagenet-a"
@@ -208,6 +209,7 @@ class ImageNetR(ImageFolderSource):
     """ImageNet-R (Hendrycks et al. 2021): 30,000 renditions of 200 classes."""
 
     name = "imagenet_r"
+    shift = "covariate"  # ImageNet's own classes (OpenOOD v1.5: covariate-shifted ID)
     title = "ImageNet-R"
     splits = ("test",)
     default_folder = "imagenet-r"
@@ -219,6 +221,7 @@ class ImageNetSketch(ImageFolderSource):
     """ImageNet-Sketch (Wang et al. 2019): about 50,000 sketches of the 1,000 classes."""
 
     name = "imagenet_sketch"
+    shift = "covariate"  # ImageNet's own classes (OpenOOD v1.5: covariate-shifted ID)
     title = "ImageNet-Sketch"
     splits = ("test",)
     default_folder = "imagenet-sketch/sketch"

@@ -7,6 +7,7 @@ from etn_cli.heads import (  # noqa: F401
     energy,
     ensemble,
     etn,
+    etn_offset,
     ib_edl,
     laplace,
     mahalanobis,

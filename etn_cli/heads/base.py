@@ -8,7 +8,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError
+from etn_cli.heads.calibration import apply_temperature, fit_temperature
 from etn_cli.registry import Registry
 
 HEAD_FORMAT = 1
@@ -23,9 +24,12 @@ HEAD_FORMAT = 1
 
 @dataclass(frozen=True)
 class HeadConfig:
-    """Settings every head has. ``seed`` fixes initialisation, data order and MC draws."""
+    """Settings every head has. ``seed`` fixes initialisation, data order and MC draws;
+    ``calibrate = "temperature"`` fits a temperature to the head's probabilities on the
+    adaptation NLL after its own fit (:mod:`etn_cli.heads.calibration`)."""
 
     seed: int = 0
+    calibrate: Literal["none", "temperature"] = "none"
 
 
 @dataclass
@@ -86,6 +90,7 @@ class Head:
         self.config = build_config(self.Config, settings, f"head {self.name!r}")
         self.n_features_: int | None = None
         self.n_classes_: int | None = None
+        self.calibration_: dict[str, Any] | None = None  # the fitted temperature's record
 
     # ----------------------------------------------------------------- public interface
     @property
@@ -129,6 +134,9 @@ class Head:
             )
         self.n_features_, self.n_classes_ = h.shape[1], z.shape[1]
         self._fit(h, z, y, classifier=classifier, layers=extra, device=torch.device(device))
+        if self.config.calibrate == "temperature":
+            raw = self._predict(h, z, layers=extra, device=torch.device(device))
+            self.calibration_ = fit_temperature(raw.probs, y.numpy())
         return self
 
     def predict(
@@ -143,6 +151,9 @@ class Head:
         h, z, extra = self._checked_inputs(hidden, logits, layers)
         prediction = self._predict(h, z, layers=extra, device=torch.device(device))
         prediction.predictions = predicted_class(prediction.probs, z)
+        if self.calibration_ is not None:  # after the argmax; the scores stay the head's own
+            temperature = self.calibration_["temperature"]
+            prediction.probs = apply_temperature(prediction.probs, temperature)
         return prediction
 
     def score(
@@ -184,6 +195,7 @@ class Head:
             "config": config_dict(self.config),
             "n_features": self.n_features_,
             "n_classes": self.n_classes_,
+            "calibration": self.calibration_,
         }
         (folder / "head.json").write_text(json.dumps(meta, indent=2))
 
@@ -200,6 +212,7 @@ class Head:
         if cls is not Head and not isinstance(head, cls):
             raise EtnError(f"{folder} holds a {meta['head']!r} head, not {cls.name!r}.")
         head.n_features_, head.n_classes_ = meta["n_features"], meta["n_classes"]
+        head.calibration_ = meta.get("calibration")
         tensors = load_file(folder / "weights.safetensors")
         try:
             head._load_state(tensors)

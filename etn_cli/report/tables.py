@@ -85,10 +85,11 @@ def _refuse_repeated_paths(paths: list[Path]) -> None:
 
 
 def _refuse_results_counted_twice(metrics: pl.DataFrame) -> None:
-    """One value per (setting, eval set, method, variant, sweep point, seed, metric, score):
-    two files holding the same result (an old setting's file beside the current one, a copy)
-    would move a mean and shrink its interval without a word."""
-    keys = [*SETTING, "eval_set", "method", "variant", "seed", "metric", "score"]
+    """One value per (setting, eval set, method as the summary groups it, sweep point, seed,
+    metric, score): two files holding the same result (an old setting's file beside the current
+    one, a copy) would move a mean and shrink its interval without a word. A head and its
+    temperature-scaled twin (``ETN`` and ``ETN + TS``) differ by their label: two results."""
+    keys = [*SETTING, "eval_set", *METHOD, "seed", "metric", "score"]
     keys += [k for k in ("sweep",) if k in metrics.columns]
     files = metrics.group_by(keys).agg(pl.col("_file").unique().sort())
     twice = files.filter(pl.col("_file").list.len() > 1)

@@ -21,6 +21,7 @@ from etn_cli.metrics.evaluation import (
     confidence_metrics,
     ood_metrics,
 )
+from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
 from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
@@ -75,6 +76,7 @@ def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str
         ("id", plan.id_dataset, m)
         for m in classification_metrics(id_pred.probs, test.labels, id_pred.predictions)
         + confidence_metrics(id_pred.scores, correct)
+        + reliability_bins(id_pred.probs.max(axis=1), correct)
     ]
     for ood in plan.ood:
         ood_pred, _ = timed_predict(head, read(ood.path), device)

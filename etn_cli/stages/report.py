@@ -14,16 +14,21 @@ from pathlib import Path
 import polars as pl
 
 from etn_cli.errors import EtnError
+from etn_cli.metrics.reliability import RELIABILITY_METRICS
 from etn_cli.plan import Plan
 from etn_cli.provenance import etn_version, now
 from etn_cli.report.plots import frontier_plot, sweep_plots
+from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
-PLOTS_VERSION = 5  # 5: sweep plots keep a colour per score, swept values as ticks
+# 3: one frontier file per metric, colour-blind palette; 5: sweep plots keep a colour per score,
+# swept values as ticks; 6: reliability diagrams
+PLOTS_VERSION = 6
+RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"
 REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
@@ -80,7 +85,7 @@ def _md_note(note: str) -> str:
 def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
     """Per method, metric, score and eval set: mean, 95% CI half-width, seeds, rows of the
     eval set; with how it was made."""
-    rows = summary.select(
+    rows = summary.filter(~pl.col("metric").is_in(RELIABILITY_METRICS)).select(
         "pipeline", "backbone", "id_dataset", "eval_set", "task", "method", "method_label",
         "variant", "family", "metric", "score", "mean", pl.col("ci95").alias("ci95_half_width"),
         "n_seeds", "seeds", "note",
@@ -92,13 +97,13 @@ def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
 def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tuple[str, list[Path]]:
     """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
     return the table in ``fmt`` with the paths written (unchanged plots are not redrawn)."""
-    metrics = read_metrics(metrics_paths(plan))
+    metrics = with_shift_groups(read_metrics(metrics_paths(plan)), plan)
     summary = summarize(metrics)
     fitted_on = fit_splits_note(metrics)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, wanted in [("summary", None), ("aupr", "aupr")] + (
+    for name, wanted in [("summary", None), ("aupr", "aupr"), ("calibration", "ece")] + (
         [(metric, metric)] if metric not in (None, "aupr") else []
     ):
         for each, suffix in TABLE_FILES.items():
@@ -127,21 +132,28 @@ def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tupl
 def _plots(
     plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str | None, record: dict
 ) -> tuple[list[Path], dict, str]:
-    """Draw the sweep and frontier plots unless ``record`` says these exact metrics were
-    drawn already; returns the paths, what was drawn per metric, and the metrics' key."""
+    """Draw the sweep and frontier plots (per ranking metric) and the reliability diagrams
+    unless ``record`` says these exact metrics were drawn already; returns the paths, what was
+    drawn per plot kind, and the metrics' key."""
     from etn_cli.report.views import RANKING
 
     wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
     key = fingerprint_key({"metrics": [u.key for u in plan.metrics], "plots": PLOTS_VERSION})
     drawn = record.get("drawn", {}) if record.get("key") == key else {}
     files: list[Path] = []
-    for name in wanted:
+
+    def ranking(name: str):  # noqa: ANN202
+        return lambda: sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
+
+    plots = {name: ranking(name) for name in wanted}
+    plots[RELIABILITY] = lambda: reliability_plot(metrics, folder)
+    for name, draw in plots.items():
         paths = [folder / f for f in drawn.get(name, [])]
         if not paths or not all(p.is_file() for p in paths):
-            paths = sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
+            paths = draw()
         drawn[name] = [p.name for p in paths]
         files += paths
-    return files, {name: drawn[name] for name in wanted}, key
+    return files, {name: drawn[name] for name in plots}, key
 
 
 def _earlier_files(folder: Path, record: dict) -> list[Path]:
@@ -152,6 +164,20 @@ def _earlier_files(folder: Path, record: dict) -> list[Path]:
     if "files" not in record:  # tables and plots of an etn that kept no list of them
         legacy += [p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES]
     return named + legacy
+
+
+def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
+    """With ``[data] grouping = "openood"``, each OOD set's rows join the group of its kind of
+    shift (``semantic`` or ``covariate``, declared by its dataset), averaged in the tables as
+    ``semantic-OOD`` and ``covariate-OOD``; ``<id>-OOD`` stays the paper's average of all."""
+    data = plan.pipeline.data
+    if data is None or data.grouping == "paper":
+        return metrics
+    from etn_cli.datasets import datasets
+
+    kinds = {unit.name: datasets.get(unit.dataset).shift for unit in plan.ood}
+    group = pl.col("eval_set").replace_strict(kinds, default=None, return_dtype=pl.String)
+    return metrics.with_columns(group.fill_null(pl.col("ood_group")).alias("ood_group"))
 
 
 def report_folder(plan: Plan) -> Path:
