@@ -31,3 +31,17 @@ def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
             f"{what} needs {', '.join(missing)}, which is not installed here. Install it with "
             f"pip install 'etn-cli[{extra}]' (or pip install {' '.join(missing)})."
         )
+
+
+class DamagedArtefact(EtnError):
+    """A file etn wrote no longer matches what was recorded when it was written: a flipped bit,
+    a truncated, deleted or edited file. ``path`` is the unit that holds it (a split folder, a
+    head folder, a metrics or classifier file, a backbone cache folder). ``etn run`` and ``etn
+    verify --repair`` rebuild the unit when etn derived it; otherwise it is a one-line refusal.
+    """
+
+    def __init__(self, path: object, message: str) -> None:
+        from pathlib import Path
+
+        super().__init__(message)
+        self.path = Path(str(path))

@@ -25,7 +25,8 @@ def data_directory(data_dir: str | Path | None) -> Path:
 
 
 def read_head(folder: str | Path) -> Head:
-    """Load the head in ``folder`` (``head.json`` + ``weights.safetensors``)."""
+    """Load the head in ``folder`` (``head.json`` + ``weights.safetensors``), checked against
+    the checksums in its ``train.json`` when ``etn train`` wrote it."""
     from safetensors import SafetensorError
 
     folder = Path(folder)
@@ -35,6 +36,10 @@ def read_head(folder: str | Path) -> Head:
             f"{folder} is not a trained head folder ({' and '.join(missing)} missing). Point at "
             "a folder `etn train` wrote, <data-dir>/heads/<head>-<key>, or one Head.save wrote."
         )
+    if (folder / "train.json").is_file():  # etn train wrote it: check it against its record
+        from etn_cli.store.artefacts.headfiles import check_head_folder
+
+        check_head_folder(folder)
     try:
         return Head.load(folder)
     except (json.JSONDecodeError, KeyError, SafetensorError) as err:

@@ -160,8 +160,11 @@ def test_load_head_explains_missing_ambiguous_and_untrained_heads(digits, tmp_pa
     with pytest.raises(EtnError, match=r"no trained head 'mpa'.*available: etn-aaaa, etn-bbbb"):
         etn_cli.load_head("mpa", data_dir=tmp_path / "d")
     (tmp_path / "d" / "heads" / "etn-aaaa" / "head.json").write_text("{not json")
+    with pytest.raises(EtnError, match="head.json has sha256 .* the file changed or is corrupt"):
+        etn_cli.load_head("etn-aaaa", data_dir=tmp_path / "d")  # checked against train.json
+    (tmp_path / "d" / "heads" / "etn-aaaa" / "train.json").unlink()  # a folder Head.save wrote
     with pytest.raises(EtnError, match="is damaged"):
-        etn_cli.load_head("etn-aaaa", data_dir=tmp_path / "d")
+        etn_cli.load_head(tmp_path / "d" / "heads" / "etn-aaaa")
     with pytest.raises(EtnError, match=r"not a trained head folder \(head.json and weights"):
         etn_cli.read_head(tmp_path)
 

@@ -215,10 +215,11 @@ def _foreign_checkpoint(data: Path, update_record: bool) -> None:
     save_file({"scale.weight": torch.zeros(3, 3)}, head / "weights.safetensors")
     if update_record:
         from etn_cli.store import head_checksums
+        from etn_cli.store.artefacts.sealed import seal_record
 
         record = json.loads((head / "train.json").read_text())
         record["files"] = head_checksums(head)
-        (head / "train.json").write_text(json.dumps(record))
+        (head / "train.json").write_text(json.dumps(seal_record(record)))  # resealed as well
 
 
 def _truncated_shard(tmp: Path, request: pytest.FixtureRequest) -> Path:

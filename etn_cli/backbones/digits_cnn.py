@@ -2,9 +2,10 @@
 
 Trained with cross-entropy on the ``digits`` train split the first time it is needed, then cached
 as safetensors in ``cache_dir/digits_cnn-<key>/``; the key hashes the config, the train split's
-fingerprint and :data:`CODE_VERSION`. Training is seeded, single-threaded and deterministic, so
-reruns on one machine give bitwise-identical weights. The hidden state is the input of the final
-linear layer, hence ``logits == hidden @ W.T + b`` exactly.
+fingerprint and :data:`CODE_VERSION`. ``meta.json`` records the weights' sha256 (and is sealed by
+its own), checked at every load; a damaged cache is retrained. Training is seeded, single-threaded
+and deterministic, so reruns on one machine give bitwise-identical weights. The hidden state is
+the input of the final linear layer, hence ``logits == hidden @ W.T + b`` exactly.
 
 Two extract-time options add per-sample arrays to the shards (``Backbone.extract_batch``):
 ``layers`` stores the outputs of named modules, pooled, for the Dirichlet meta-model, and
@@ -34,15 +35,20 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader
 
+from etn_cli import progress
 from etn_cli.backbones.base import Backbone, backbones
 from etn_cli.backbones.torchvision_hooks import named_layers, pool
 from etn_cli.datasets.base import Split
 from etn_cli.datasets.digits import ID_CLASSES, Digits
-from etn_cli.errors import EtnError
+from etn_cli.errors import DamagedArtefact, EtnError
+from etn_cli.store.artefacts.headfiles import read_json_object
+from etn_cli.store.artefacts.sealed import check_record_seal, discard, seal_record
 from etn_cli.store.atomic import unit_lock
+from etn_cli.store.fingerprint import file_sha256
 
 CODE_VERSION = "1"  # bump whenever the architecture or training recipe changes
 WEIGHTS_FILE = "model.safetensors"
+META_FILE = "meta.json"  # how the weights were trained, and their sha256 (checked at each load)
 
 
 TRAINING_FIELDS = ("channels", "hidden", "epochs", "lr", "batch_size", "dropout", "seed")
@@ -189,7 +195,9 @@ def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> N
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         save_file(model.state_dict(), str(tmp / WEIGHTS_FILE))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        meta["files"] = {WEIGHTS_FILE: file_sha256(tmp / WEIGHTS_FILE)}  # checked at every load
+        sealed = seal_record(json.loads(json.dumps(meta)))
+        (tmp / META_FILE).write_text(json.dumps(sealed, indent=2) + "\n")
         publish(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -205,6 +213,31 @@ def publish(tmp: Path, folder: Path) -> None:
                 f"Expected {folder} to be absent or a complete digits_cnn cache, found a folder "
                 f"without {WEIGHTS_FILE} ({err}). Delete {folder} and run again."
             ) from err
+
+
+def cache_state(folder: Path) -> tuple[str | None, str | None]:
+    """``(sha256 of the weights, problem)`` of a cache folder: the digest ``meta.json`` records
+    (or, from an etn that recorded none, the file's) and None when the weights match it; the
+    problem, "missing" for no folder, otherwise what is damaged."""
+    weights, meta_path = folder / WEIGHTS_FILE, folder / META_FILE
+    if not folder.exists():
+        return None, "missing"
+    try:
+        meta = read_json_object(meta_path)
+        check_record_seal(meta, meta_path, folder)
+    except EtnError as err:
+        return None, f"The digits CNN cache {folder} is damaged: {err}"
+    files = meta.get("files")
+    recorded = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
+    if not weights.is_file():
+        return recorded, f"The digits CNN cache {folder} lacks {WEIGHTS_FILE}."
+    found = file_sha256(weights)
+    if recorded is not None and found != recorded:
+        return recorded, (
+            f"{weights} has sha256 {found[:12]}… but {META_FILE} records {str(recorded)[:12]}…: "
+            "the file changed or is corrupt."
+        )
+    return found, None
 
 
 @contextlib.contextmanager
@@ -248,15 +281,23 @@ class DigitsCNNBackbone(Backbone):
         train_fingerprint = Digits().split_fingerprint("train")  # no data loaded
         folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train_fingerprint)}"
         weights = folder / WEIGHTS_FILE
-        if not weights.is_file() and not self.building:  # read-only: nothing is built yet
-            self.weights_sha256 = "not built"
+        recorded, problem = cache_state(folder)
+        if problem and not self.building:  # read-only: nothing is built (or repaired) here
+            self.weights_sha256 = recorded or "not built"
             return folder
-        if not weights.is_file():
+        if problem:
             folder.parent.mkdir(parents=True, exist_ok=True)
             with unit_lock(folder):  # overlapping runs train it once; the other one waits
-                if not weights.is_file():
+                recorded, problem = cache_state(folder)
+                if problem:
+                    if problem != "missing":  # derived, and training is deterministic: rebuild
+                        progress.say(f"repair: {problem} Retraining the digits CNN.")
+                        discard(folder)
                     train, test = Digits().load_split("train"), Digits().load_split("test")
                     train_and_save(self.config, train, test, folder)
+                    recorded, problem = cache_state(folder)
+        if problem or recorded is None:
+            raise DamagedArtefact(folder, f"{problem} Delete {folder} and run again.")
         try:
             self.model.load_state_dict(load_file(weights), strict=True)
         except (SafetensorError, RuntimeError) as err:
@@ -264,7 +305,7 @@ class DigitsCNNBackbone(Backbone):
                 f"Expected a valid digits_cnn checkpoint at {weights}, found an unreadable or "
                 f"mismatched file ({err}). Delete {folder} and run again to retrain it."
             ) from err
-        self.weights_sha256 = hashlib.sha256(weights.read_bytes()).hexdigest()
+        self.weights_sha256 = recorded
         return folder
 
     def fingerprint(self) -> dict[str, Any]:

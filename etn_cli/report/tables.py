@@ -9,12 +9,14 @@ MI, DE); :func:`render` writes it as Markdown, CSV or LaTeX (booktabs).
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from etn_cli.errors import EtnError
+from etn_cli.store.artefacts.sealed import read_sealed
 
 COLUMN_TYPES: dict[str, pl.DataType] = {
     "pipeline": pl.String(),
@@ -53,7 +55,9 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
     for path in paths:
         if not Path(path).is_file():
             raise EtnError(f"Metrics file {path} does not exist. Run evaluate or fix the path.")
-        frame = pl.read_parquet(path)
+        # checked against its recorded sha256 before parsing: the Parquet reader can abort
+        # the process on a damaged file
+        frame = parse_metrics_bytes(path, read_sealed(Path(path)))
         missing = [n for n in COLUMN_TYPES if n not in frame.columns and n not in OPTIONAL_COLUMNS]
         if missing:
             raise EtnError(
@@ -69,6 +73,17 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
     )
     _refuse_results_counted_twice(metrics)
     return metrics.drop("_file")
+
+
+def parse_metrics_bytes(path: Path, data: bytes) -> pl.DataFrame:
+    try:
+        return pl.read_parquet(io.BytesIO(data))
+    except (OSError, pl.exceptions.PolarsError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise EtnError(
+            f"Metrics file {path} is not a readable Parquet file ({first}). Delete it and run etn "
+            "evaluate (or etn run) again."
+        ) from None
 
 
 def _refuse_repeated_paths(paths: list[Path]) -> None:

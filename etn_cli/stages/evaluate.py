@@ -2,18 +2,21 @@
 long-format Parquet file of metrics per head (DESIGN §3, paper "Uncertainty Metrics").
 
 Each file is written whole to a temporary name, fsynced and renamed, so a killed run never
-leaves a truncated Parquet file; a head folder is checked against the checksums in its
-``train.json`` before it is scored."""
+leaves a truncated Parquet file, and its sha256 goes beside it (``<file>.sha256``), so a damaged
+file is found before any reader parses it and rebuilt by the next run; a head folder is checked
+against the checksums in its ``train.json`` before it is scored."""
 
 from __future__ import annotations
 
 import json
 import time
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from etn_cli import progress
 from etn_cli.heads.base import Head, Prediction
 from etn_cli.metrics.evaluation import (
     MetricValue,
@@ -28,7 +31,8 @@ from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder
-from etn_cli.store.atomic import atomic_write_bytes, remove_tmp, unit_lock
+from etn_cli.store.artefacts.sealed import seal_state, sidecar, write_sealed
+from etn_cli.store.atomic import remove_tmp, unit_lock
 from etn_cli.store.reading.consistency import check_varies
 from etn_cli.store.reading.reader import read_split
 from etn_cli.store.storage import ensure_writable, explained_storage_errors
@@ -37,10 +41,13 @@ from etn_cli.store.storage import ensure_writable, explained_storage_errors
 def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
     """Write the metrics file of every head whose file is missing (or all, with ``force``)."""
     result = StageResult("evaluate")
-    todo = [u for u in plan.metrics if force or not u.path.is_file()]
+    damage = {u.key: metrics_damage(u.path) for u in plan.metrics}
+    todo = [u for u in plan.metrics if force or damage[u.key]]
     for u in plan.metrics:
         if u not in todo:
             result.skip(u.path, unit_name(u.head))
+        elif u.path.exists() and not force:  # a derived file: rebuilt, never used damaged
+            progress.say(f"repair: {damage[u.key]} Rebuilding {u.path.name}.")
     if not todo:
         return result
     check_plan_features(plan)
@@ -50,15 +57,23 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
         for unit in todo:
             ensure_writable(unit.path.parent)
             with unit_lock(unit.path):
-                if unit.path.is_file() and not force:  # written while we waited
+                if not force and metrics_damage(unit.path) is None:  # written while we waited
                     result.skip(unit.path, unit_name(unit.head), "finished by another run")
                     continue
-                remove_tmp(unit.path)  # a killed run's half-written file; we hold the lock
-                reason = "--force" if force else "no metrics file with this key"
+                remove_tmp(unit.path)  # a killed run's half-written files; we hold the lock
+                remove_tmp(sidecar(unit.path))
+                reason = "--force" if force else "no intact metrics file with this key"
                 with result.build(unit.path, unit_name(unit.head), reason):
                     frame = score_head(plan, unit, heads[unit.key], read, device)
-                    atomic_write_bytes(unit.path, parquet_bytes(frame))
+                    write_sealed(unit.path, parquet_bytes(frame))
     return result
+
+
+def metrics_damage(path: Path) -> str | None:
+    """None when the metrics file at ``path`` and its recorded sha256 agree; else why not."""
+    if not path.exists() and not sidecar(path).exists():
+        return "missing"
+    return seal_state(path)
 
 
 def load_head(unit: MetricsUnit) -> Head:

@@ -42,9 +42,11 @@ from etn_cli.provenance import provenance
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
-from etn_cli.store.artefacts.classifier import save_classifier
+from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
+from etn_cli.store.artefacts.sealed import discard
 from etn_cli.store.atomic import unit_lock
 from etn_cli.store.fingerprint import canonical_json
+from etn_cli.store.reading.reader import split_damage
 from etn_cli.store.storage import explained_storage_errors
 from etn_cli.store.writing.manifest import split_is_complete
 from etn_cli.store.writing.pieces import Layout
@@ -77,7 +79,7 @@ def import_features(plan: Plan, result: StageResult) -> StageResult:
     pending = {}
     for unit in plan.feature_units:
         file = (unit.fingerprint or {}).get("file")
-        if file is None or split_is_complete(unit.path):
+        if file is None or (split_is_complete(unit.path) and split_damage(unit.path) is None):
             result.skip(unit.path, split_name(unit), "your own features")
         else:
             pending[Path(file)] = unit
@@ -85,9 +87,12 @@ def import_features(plan: Plan, result: StageResult) -> StageResult:
     for path, unit in pending.items():
         unit.path.parent.mkdir(parents=True, exist_ok=True)
         with unit_lock(unit.path):
-            if split_is_complete(unit.path):  # imported by another run while we waited
-                result.skip(unit.path, split_name(unit), "finished by another run")
-                continue
+            if unit.path.exists():
+                if (damage := split_damage(unit.path)) is None:  # imported while we waited
+                    result.skip(unit.path, split_name(unit), "finished by another run")
+                    continue
+                progress.say(f"repair: {damage} Importing {path.name} again.")
+                discard(unit.path)
             with result.build(unit.path, split_name(unit), f"import {path.name}"):
                 write_split(read[path], unit.path)
     return result
@@ -206,9 +211,23 @@ def load_backbone(plan: Plan, device: str) -> Any:
 def store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
     """Save the backbone's final layer once per backbone, for the baselines that start from it."""
     path = plan.classifier_path
-    if path is None or path.exists():
+    if path is None or classifier_damage(path) is None:
         return
     with unit_lock(path):
-        if not path.exists():
+        if (damage := classifier_damage(path)) is not None:
+            if path.exists():  # derived from the backbone: saved again
+                progress.say(f"repair: {damage} Saving it again.")
+                discard(path)
             weights = backbone().classifier()
             save_classifier(path, weights["weight"], weights["bias"], provenance())
+
+
+def classifier_damage(path: Path) -> str | None:
+    """None when the stored classifier reads and matches its recorded sha256; else why not."""
+    if not path.exists():
+        return "missing"
+    try:
+        load_classifier(path)
+    except EtnError as err:
+        return str(err)
+    return None

@@ -30,13 +30,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from etn_cli import progress
 from etn_cli.distributed import BACKEND, World, describe, from_main, gather
 from etn_cli.errors import EtnError
 from etn_cli.plan import FeatureUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.extract_batches import batches_in, remaining_batches
+from etn_cli.store.artefacts.sealed import discard
 from etn_cli.store.atomic import remove_partials, unit_lock
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
+from etn_cli.store.reading.reader import split_damage
 from etn_cli.store.storage import ensure_writable, is_storage_error, storage_error
 from etn_cli.store.writing.manifest import split_is_complete
 from etn_cli.store.writing.merge import merge_pieces
@@ -76,12 +79,15 @@ def claim(
 def _claim(
     plan: Plan, unit: FeatureUnit, rows: Callable[[], int], size: int, lock: ExitStack
 ) -> Claim:
-    if split_is_complete(unit.path):
+    if split_is_complete(unit.path) and split_damage(unit.path) is None:
         return Claim(None, "up to date")
     ensure_writable(unit.path.parent)
     lock.enter_context(unit_lock(unit.path))
-    if split_is_complete(unit.path):  # another process finished it while we waited
-        return Claim(None, "finished by another run")
+    if unit.path.exists():
+        if (damage := split_damage(unit.path)) is None:  # another process finished it meanwhile
+            return Claim(None, "finished by another run")
+        progress.say(f"repair: {damage} Rebuilding {unit.path.name}.")  # derived: rebuild it
+        discard(unit.path)
     data = plan.pipeline.data
     assert data is not None
     if rows() == 0:

@@ -16,15 +16,17 @@ from pathlib import Path
 from etn_cli import progress
 from etn_cli.backbones.base import read_only
 from etn_cli.distributed import rank_device, torchrun_world
-from etn_cli.errors import EtnError
+from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.pipeline import load_pipeline
-from etn_cli.plan import make_plan
+from etn_cli.plan import FeatureUnit, Plan, make_plan
 from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 from etn_cli.stages.report import report
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import train
+from etn_cli.store.artefacts.sealed import discard
+from etn_cli.store.atomic import unit_lock
 from etn_cli.store.storage import explained_storage_errors
 
 
@@ -115,17 +117,50 @@ def run_pipeline(
         plan = make_plan(pipeline, data_dir)
         dev = resolve_device(device or pipeline.device)
         dev = dev if world is None else rank_device(dev, world)
-        with progress.counting(unit_count(plan)):
-            results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
-            results.append(extract(plan, device=dev))
-            if world is not None and not world.main:  # rank 0 alone goes on after extraction
-                message = f"{results[-1].summary()} ({world}: extraction only)"
-                return RunOutcome(path, True, time.perf_counter() - started, message)
-            results += [train(plan, device=dev), evaluate(plan, device=dev)]
-        table, written = report(plan, fmt=options.fmt, metric=options.metric)
+        repaired: set[Path] = set()
+        while True:
+            try:
+                results = run_stages(plan, dev, world is not None and not world.main)
+                if world is not None and not world.main:  # rank 0 alone goes on after extract
+                    message = f"{results[-1].summary()} ({world}: extraction only)"
+                    return RunOutcome(path, True, time.perf_counter() - started, message)
+                table, written = report(plan, fmt=options.fmt, metric=options.metric)
+                break
+            except DamagedArtefact as damage:
+                if damage.path in repaired or not is_derived(plan, damage.path):
+                    raise  # the user's own input, or damage that a rebuild did not cure
+                repaired.add(damage.path)
+                progress.say(f"repair: {damage} Rebuilding {damage.path.name}.")
+                with unit_lock(damage.path):
+                    discard(damage.path)
     folder = written[0].parent if written else None
     message = "; ".join(r.summary() for r in results) + (f"; report: {folder}" if folder else "")
     return RunOutcome(path, True, time.perf_counter() - started, message, table)
+
+
+def run_stages(plan: Plan, dev: str, extract_only: bool) -> list[StageResult]:
+    """Finetune (if asked), extract, then (on rank 0) train and evaluate; units already built
+    are skipped, so calling it again after a repair redoes only what is missing."""
+    with progress.counting(unit_count(plan)):
+        results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
+        results.append(extract(plan, device=dev))
+        if not extract_only:
+            results += [train(plan, device=dev), evaluate(plan, device=dev)]
+    return results
+
+
+def is_derived(plan: Plan, path: Path) -> bool:
+    """Whether etn built ``path`` from other things and can build it again: anything under the
+    data directory except the user's own shard folders, which are read where they are."""
+    path = Path(path).resolve()
+    own = [u.path.resolve() for u in plan.feature_units if not is_built(plan, u)]
+    inside = path.is_relative_to(Path(plan.data_dir).resolve())
+    return inside and not any(path == p or path.is_relative_to(p) for p in own)
+
+
+def is_built(plan: Plan, unit: FeatureUnit) -> bool:
+    """A feature unit etn writes: extracted by the backbone, or imported from the user's file."""
+    return plan.backbone is not None or bool((unit.fingerprint or {}).get("file"))
 
 
 def expand_paths(paths: list[Path]) -> list[Path]:

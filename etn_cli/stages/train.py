@@ -17,12 +17,14 @@ import torch
 
 from etn_cli import progress
 from etn_cli.config import config_dict
+from etn_cli.errors import EtnError
 from etn_cli.own_features.classifier import classifier_for, classifier_record
 from etn_cli.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.head_inputs import check_head_inputs
 from etn_cli.stages.result import StageResult
-from etn_cli.store.artefacts.headfiles import RECORD, head_checksums
+from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder, head_checksums
+from etn_cli.store.artefacts.sealed import discard, seal_record
 from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
 from etn_cli.store.reading.consistency import check_splits, check_varies
 from etn_cli.store.reading.reader import Features, read_split
@@ -30,7 +32,19 @@ from etn_cli.store.storage import ensure_writable, explained_storage_errors
 
 
 def head_is_complete(path: Path) -> bool:
-    return (path / RECORD).is_file()
+    return head_damage(path) is None
+
+
+def head_damage(path: Path) -> str | None:
+    """None when the head folder is whole (its files match the checksums in ``train.json``);
+    "missing" when there is none; otherwise what is damaged."""
+    if not path.exists():
+        return "missing"
+    try:
+        check_head_folder(path)
+    except EtnError as err:
+        return str(err)
+    return None
 
 
 def check_plan_features(plan: Plan) -> None:
@@ -43,7 +57,8 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
     result = StageResult("train")
     for line in plan.skipped:  # heads left out for want of an input ([features] pipelines)
         progress.say(f"train: {line}")
-    todo = [u for u in plan.heads if force or not head_is_complete(u.path)]
+    damage = {u.key: head_damage(u.path) for u in plan.heads}
+    todo = [u for u in plan.heads if force or damage[u.key]]
     for u in plan.heads:
         if u not in todo:
             result.skip(u.path, unit_name(u))
@@ -61,6 +76,9 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
                     result.skip(unit.path, unit_name(unit), "finished by another run")
                     continue
                 remove_partials(unit.path)  # left by a killed run; we hold the lock
+                if unit.path.exists() and not force:  # derived: retrained, never used damaged
+                    progress.say(f"repair: {head_damage(unit.path)} Retraining {unit.path.name}.")
+                    discard(unit.path)
                 reason = "--force" if force else "no finished head with this key"
                 with result.build(unit.path, unit_name(unit), reason):
                     features = reader(plan.fit_unit(unit.head).role)
@@ -117,7 +135,8 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
     with atomic_dir(unit.path, replace=replace) as tmp:
         unit.head.save(tmp)
         record["files"] = head_checksums(tmp)
-        (tmp / RECORD).write_text(json.dumps(record, indent=2))  # last: marks the head complete
+        sealed = seal_record(json.loads(json.dumps(record)))  # sealed as it will read back
+        (tmp / RECORD).write_text(json.dumps(sealed, indent=2))  # last: marks the head complete
 
 
 def fit_split_label(plan: Plan, head: object, rows: int) -> str:

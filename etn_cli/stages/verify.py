@@ -164,13 +164,10 @@ def _check_head(path: Path) -> None:
 
 
 def _check_metrics(path: Path) -> None:
-    import polars as pl
+    from etn_cli.report.tables import parse_metrics_bytes
+    from etn_cli.store.artefacts.sealed import read_sealed
 
-    try:
-        frame = pl.read_parquet(path)
-    except (OSError, pl.exceptions.PolarsError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise EtnError(f"Not a readable Parquet file ({first}).") from None
+    frame = parse_metrics_bytes(path, read_sealed(path))  # checked before the Parquet reader runs
     missing = [column for column in METRICS_COLUMNS if column not in frame.columns]
     if missing or frame.height == 0:
         raise EtnError(f"Expected rows with columns {', '.join(METRICS_COLUMNS)}; missing "

@@ -16,8 +16,8 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
-from etn_cli.errors import EtnError
-from etn_cli.store.atomic import atomic_write_bytes
+from etn_cli.errors import DamagedArtefact, EtnError
+from etn_cli.store.artefacts.sealed import read_sealed, write_sealed
 from etn_cli.store.writing.checks import check_finite, to_numpy
 from etn_cli.store.writing.manifest import FORMAT_VERSION, default_provenance
 
@@ -25,7 +25,8 @@ CLASSIFIER_KIND = "etn-classifier"
 
 
 def save_classifier(path: Path, weight: Any, bias: Any, provenance: dict[str, Any]) -> None:
-    """Write ``weight`` (C, D) and ``bias`` (C,) atomically, with provenance in the metadata."""
+    """Write ``weight`` (C, D) and ``bias`` (C,) atomically, with provenance in the metadata,
+    then the file's sha256 beside it (``classifier.safetensors.sha256``)."""
     tensors = {
         "weight": np.ascontiguousarray(to_numpy(weight), dtype=np.float32),  # (C, D)
         "bias": np.ascontiguousarray(to_numpy(bias), dtype=np.float32),  # (C,)
@@ -36,23 +37,26 @@ def save_classifier(path: Path, weight: Any, bias: Any, provenance: dict[str, An
         "etn_format": str(FORMAT_VERSION),
         "provenance": json.dumps({**default_provenance(), **provenance}, sort_keys=True),
     }
-    atomic_write_bytes(Path(path), save(tensors, metadata=metadata))
+    write_sealed(Path(path), save(tensors, metadata=metadata))
 
 
 def load_classifier(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``(weight, bias)`` as float32 arrays of shapes (C, D) and (C,)."""
+    """Return ``(weight, bias)`` as float32 arrays of shapes (C, D) and (C,), after checking
+    the file against its recorded sha256 (:class:`DamagedArtefact` when it differs)."""
     path = Path(path)
     if not path.is_file():
         raise EtnError(
             f"Expected the backbone's classifier at {path}, found none. Re-run etn extract for "
             "this backbone (it saves the final layer once), or save it with save_classifier."
         )
+    data = read_sealed(path)
     try:
-        tensors = load(path.read_bytes())
+        tensors = load(data)
     except SafetensorError as error:
-        raise EtnError(
+        raise DamagedArtefact(
+            path,
             f"Classifier file {path} is not a valid safetensors file ({error}). Delete it and "
-            "re-run etn extract for this backbone."
+            "re-run etn extract for this backbone.",
         ) from None
     if set(tensors) != {"weight", "bias"}:
         raise EtnError(

@@ -1,8 +1,9 @@
 """A trained head's folder: ``head.json``, ``weights.safetensors`` and ``train.json``, written last.
 
-``train.json`` records how the head was trained and the sha256 of the other two files, so a
-changed or corrupt checkpoint is caught before it is scored. Only JSON and safetensors are ever
-read; nothing here imports torch.
+``train.json`` records how the head was trained and the sha256 of the other two files, and is
+sealed by the sha256 of its own content (:mod:`.sealed`), so a changed or corrupt checkpoint is
+caught before it is scored or used to predict. Only JSON and safetensors are ever read; nothing
+here imports torch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import DamagedArtefact, EtnError
+from etn_cli.store.artefacts.sealed import check_record_seal
 from etn_cli.store.fingerprint import file_sha256
 
 RECORD = "train.json"
@@ -29,7 +31,8 @@ def head_checksums(folder: Path) -> dict[str, str]:
 def check_head_folder(folder: Path) -> dict[str, Any]:
     """Check that a head folder is whole and unchanged; return its ``train.json`` record.
 
-    Raises an EtnError naming the first problem and saying to delete the folder and train again.
+    Raises :class:`DamagedArtefact` naming the first problem and saying to delete the folder
+    and train again (``etn run`` retrains it by itself).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -37,25 +40,38 @@ def check_head_folder(folder: Path) -> dict[str, Any]:
             f"Expected the trained head at {folder}, found none. Run etn train (or etn run) first."
         )
     fix = f"Delete {folder} and run etn train again."
-    record = read_json_object(folder / RECORD, fix)
-    meta = read_json_object(folder / "head.json", fix)
-    missing = [name for name in HEAD_FIELDS if name not in meta]
-    if missing:
-        raise EtnError(f"{folder / 'head.json'} lacks {', '.join(missing)}. {fix}")
-    for name, expected in (record.get("files") or {}).items():
+    try:
+        record = read_json_object(folder / RECORD, fix)
+    except EtnError as err:
+        raise DamagedArtefact(folder, str(err)) from None
+    check_record_seal(record, folder / RECORD, folder)
+    files = record.get("files")
+    if not isinstance(files, dict) or set(files) != set(CHECKED_FILES):
+        what = " and ".join(CHECKED_FILES)
+        raise DamagedArtefact(folder, f"{folder / RECORD} records no checksums of {what}. {fix}")
+    for name, expected in files.items():
         path = folder / name
         found = file_sha256(path) if path.is_file() else "missing"
         if found != expected:
-            raise EtnError(
+            raise DamagedArtefact(
+                folder,
                 f"Head file {path} has sha256 {found[:12]}… but {RECORD} records "
-                f"{str(expected)[:12]}…: the file changed or is corrupt. {fix}"
+                f"{str(expected)[:12]}…: the file changed or is corrupt. {fix}",
             )
+    try:
+        meta = read_json_object(folder / "head.json", fix)
+    except EtnError as err:
+        raise DamagedArtefact(folder, str(err)) from None
+    missing = [name for name in HEAD_FIELDS if name not in meta]
+    if missing:
+        raise DamagedArtefact(folder, f"{folder / 'head.json'} lacks {', '.join(missing)}. {fix}")
     try:
         with safe_open(folder / "weights.safetensors", "np") as handle:
             handle.keys()
     except (SafetensorError, OSError) as err:
-        raise EtnError(
-            f"{folder / 'weights.safetensors'} is not a readable safetensors file ({err}). {fix}"
+        raise DamagedArtefact(
+            folder,
+            f"{folder / 'weights.safetensors'} is not a readable safetensors file ({err}). {fix}",
         ) from None
     return record
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.fingerprint import file_sha256
 from etn_cli.store.writing.checks import check_unique_index
 from etn_cli.store.writing.manifest import (
@@ -76,10 +76,16 @@ def read_split(split_dir: Path, *, validate_checksums: bool = True) -> Features:
             "point to a folder of shard-*.h5 files."
         )
     if (split_dir / MANIFEST_NAME).exists():
-        manifest = load_manifest(split_dir)
-        _check_listed_files(split_dir, manifest, "changed" if validate_checksums else "never")
-        arrays, layouts = load_shards(split_dir, [e["file"] for e in manifest["shards"]])
-        _check_manifest_matches(split_dir, manifest, layouts, arrays)
+        try:  # etn wrote and checked these shards: anything wrong now is damage
+            manifest = load_manifest(split_dir)
+            _check_listed_files(split_dir, manifest, "changed" if validate_checksums else "never")
+            arrays, layouts = load_shards(split_dir, [e["file"] for e in manifest["shards"]])
+            _check_manifest_matches(split_dir, manifest, layouts, arrays)
+        except DamagedArtefact:
+            raise
+        except EtnError as err:
+            raise DamagedArtefact(split_dir, str(err)) from None
+        note_unchecked_chunks(split_dir, layouts)
     else:
         arrays, layouts = load_shards(split_dir, list_shard_files(split_dir))
         manifest = _byof_manifest(split_dir, layouts, arrays)
@@ -93,6 +99,34 @@ def read_split(split_dir: Path, *, validate_checksums: bool = True) -> Features:
         manifest=manifest,
         key=manifest["key"],
         path=split_dir,
+    )
+
+
+def split_damage(split_dir: Path) -> str | None:
+    """Why a split folder with a manifest cannot be used as it is, found cheaply (manifest,
+    listed shards present, re-hashed where their size or time changed); None if it looks whole.
+    The shards' values are checked when they are read (HDF5 chunk checksums, finite values)."""
+    try:
+        _check_listed_files(split_dir, load_manifest(split_dir), "changed")
+    except EtnError as err:
+        return str(err)
+    return None
+
+
+_told_unchecked: set[str] = set()
+
+
+def note_unchecked_chunks(split_dir: Path, layouts: list[ShardLayout]) -> None:
+    """Say once per split that shards written before chunk checksums carry none (a bit flipped
+    in them with size and time unchanged is then found by ``etn verify`` only)."""
+    if all(layout.checksummed for layout in layouts) or str(split_dir) in _told_unchecked:
+        return
+    _told_unchecked.add(str(split_dir))
+    from etn_cli import progress
+
+    progress.say(
+        f"note: the shards of {split_dir.name} carry no HDF5 chunk checksums (written by an older "
+        "etn); `etn verify` still checks them in full"
     )
 
 
@@ -182,10 +216,11 @@ def _check_listed_files(split_dir: Path, manifest: dict[str, Any], checksums: st
         if checksums == "never" or (checksums == "changed" and shard_unchanged(path, entry)):
             continue
         if (found := file_sha256(path)) != entry["sha256"]:
-            raise EtnError(
+            raise DamagedArtefact(
+                split_dir,
                 f"Shard {split_dir.name}/{entry['file']} has sha256 {found[:12]}… but its "
                 f"manifest records {entry['sha256'][:12]}…: the file changed or is corrupt. "
-                f"{FORCE_HINT}"
+                f"{FORCE_HINT}",
             )
 
 

@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.provenance import provenance
+from etn_cli.store.artefacts.sealed import SEAL, check_record_seal, seal_record
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 
@@ -61,14 +62,17 @@ def save_manifest(split_dir: Path, manifest: dict[str, Any]) -> None:
 
     Each listed shard's size and modification time (``bytes``, ``mtime_ns``) are recorded
     beside its sha256 as the shard is on disk now, so that readers re-hash only a shard that
-    changed since (:func:`shard_unchanged`); ``etn verify`` re-hashes every shard.
+    changed since (:func:`shard_unchanged`); ``etn verify`` re-hashes every shard. The
+    manifest is sealed by the sha256 of its own content (``record_sha256``).
     """
     for entry in manifest["shards"]:
         path = Path(split_dir) / entry["file"]
         if path.is_file():
             stat = path.stat()
             entry["bytes"], entry["mtime_ns"] = stat.st_size, stat.st_mtime_ns
-    atomic_write_text(Path(split_dir) / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    sealed = seal_record(json.loads(json.dumps(manifest)))  # sealed as it will read back
+    manifest[SEAL] = sealed[SEAL]
+    atomic_write_text(Path(split_dir) / MANIFEST_NAME, json.dumps(sealed, indent=2) + "\n")
 
 
 def split_is_complete(split_dir: Path) -> bool:
@@ -85,15 +89,24 @@ def load_manifest(split_dir: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise EtnError(
-            f"Expected a manifest at {path}, found none. Run etn extract for this split."
+        raise DamagedArtefact(
+            split_dir, f"Expected a manifest at {path}, found none. Run etn extract for this split."
         ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise EtnError(
+        raise DamagedArtefact(
+            split_dir,
             f"Manifest {path} is not valid JSON ({error}). Delete the split folder and re-run "
-            "extract, or regenerate the manifest with etn_cli.store.write_manifest."
+            "extract, or regenerate the manifest with etn_cli.store.write_manifest.",
         ) from None
-    _check_top_level(manifest, path)
+    if isinstance(manifest, dict) and isinstance(manifest.get("format"), int):
+        if manifest["format"] > FORMAT_VERSION:  # a newer etn's: ask for the upgrade first
+            check_format(manifest["format"], f"Manifest {path}")
+    if isinstance(manifest, dict):
+        check_record_seal(manifest, path, Path(split_dir))
+    try:
+        _check_top_level(manifest, path)
+    except EtnError as err:
+        raise DamagedArtefact(split_dir, str(err)) from None
     return manifest
 
 

@@ -37,6 +37,7 @@ class ShardLayout:
     rows: int
     widths: dict[str, int]  # "hidden", "logits", "layers/<name>" -> number of columns
     dtypes: dict[str, np.dtype]  # every dataset -> dtype on disk
+    checksummed: bool = True  # every dataset has HDF5 chunk checksums (Fletcher-32)
 
 
 def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -51,7 +52,8 @@ def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with h5py.File(buffer, "w") as handle:
         handle.attrs["etn_format"] = FORMAT_VERSION
         for name, array in arrays.items():
-            handle.create_dataset(name, data=array)
+            # Fletcher-32 per chunk: every later read of a chunk verifies it (HDF5 raises)
+            handle.create_dataset(name, data=array, **chunk_checksums(array))
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as out:
@@ -62,6 +64,18 @@ def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def chunk_checksums(array: np.ndarray) -> dict:
+    """h5py options for a dataset with Fletcher-32 checksums: one chunk per whole dataset of up
+    to about 4 MiB, rows split into chunks beyond (HDF5 checksums chunks only; an empty
+    dataset still needs a chunk of one row, and a resizable shape)."""
+    shape = array.shape
+    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * array.itemsize)
+    per_chunk = max(1, min(shape[0], (4 << 20) // row_bytes))
+    chunks = (per_chunk, *(max(1, d) for d in shape[1:]))
+    maxshape = tuple(None if d == 0 else d for d in shape) if 0 in shape else None
+    return {"fletcher32": True, "chunks": chunks, "maxshape": maxshape}
 
 
 def read_index(path: Path) -> np.ndarray:
@@ -86,7 +100,9 @@ def inspect_shard(split_dir: Path, file: str) -> ShardLayout:
     name = f"{Path(split_dir).name}/{file}"
     with open_shard(Path(split_dir) / file, f"shard {name}") as handle:
         _check_format_attr(handle, name)
-        found = {key: (d.shape, d.dtype) for key, d in _datasets(handle, name).items()}
+        datasets = _datasets(handle, name)
+        found = {key: (d.shape, d.dtype) for key, d in datasets.items()}
+        checksummed = all(d.fletcher32 for d in datasets.values())
     for key, (shape, dtype) in found.items():
         floating = key not in ("labels", "index")
         check_dtype(dtype, floating, describe(key), f"shard {name}")
@@ -99,7 +115,8 @@ def inspect_shard(split_dir: Path, file: str) -> ShardLayout:
         )
     widths = {key: shape[1] for key, (shape, _) in found.items() if len(shape) == 2}
     dtypes = {key: dtype for key, (_, dtype) in found.items()}
-    return ShardLayout(file=file, rows=rows["hidden"], widths=widths, dtypes=dtypes)
+    return ShardLayout(rows=rows["hidden"], file=file, widths=widths, dtypes=dtypes,
+                       checksummed=checksummed)  # fmt: skip
 
 
 def read_shard_into(
