@@ -1,0 +1,145 @@
+"""Integrity at rest (issue 20): every artefact kind of a finished run is damaged in turn (seeded
+single-bit flips over header and payload, truncation, deletion) and ``etn run`` runs again. Each
+case must give the clean run's exact results with nothing left damaged, or one error line and a
+non-zero exit: never a silent change, a traceback or a killed process. The exhaustive sweep is
+``benchmarks/bench_damage.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from damage_cases import KINDS, Case, finished_run, run_case, sample
+
+from etn_cli.errors import DamagedArtefact, EtnError
+from etn_cli.store.artefacts.sealed import read_sealed, seal_record, sidecar, write_sealed
+from etn_cli.store.reading.reader import read_split
+from etn_cli.store.writing.shardfile import write_shard
+
+OK = ("same", "refused")
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return finished_run(tmp_path_factory.mktemp("damage"))
+
+
+def test_every_sampled_damage_is_repaired_or_refused_in_one_line(clean, tmp_path) -> None:  # noqa: ANN001
+    pipeline, data = clean
+    outcomes = {
+        str(case): run_case(case, pipeline, data, tmp_path / "work", in_process=True)
+        for case in sample(data, flips=4)
+    }
+    # A shard's values are checked on every read (chunk checksums), its whole file by `etn
+    # verify`: a flip in an HDF5 header byte that no read uses is harmless and may stay
+    allowed = {"shard": (*OK, "left damaged")}
+    bad = {c: o for c, o in outcomes.items() if o.verdict not in allowed.get(c.split(":")[0], OK)}
+    assert not bad, bad
+    assert len(outcomes) == 6 * len(KINDS)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [Case("shard", "flip", 30000, 3), Case("backbone weights", "truncate", 100)],
+    ids=str,
+)
+def test_the_installed_command_repairs_damage_in_a_new_process(clean, tmp_path, case) -> None:  # noqa: ANN001
+    pipeline, data = clean
+    assert run_case(case, pipeline, data, tmp_path / "work").verdict == "same"
+
+
+def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_path) -> None:  # noqa: ANN001
+    from etn_cli.store import ShardWriter
+
+    rng = np.random.default_rng(0)
+    with ShardWriter(tmp_path / "split", {"test": 1}, shard_rows=64) as writer:
+        writer.append(rng.normal(size=(50, 8)), rng.normal(size=(50, 3)),
+                      np.arange(50) % 3, np.arange(50))  # fmt: skip
+    shard = tmp_path / "split" / "shard-00000.h5"
+    with h5py.File(shard, "r") as handle:
+        offset = handle["hidden"].id.get_chunk_info(0).byte_offset  # the hidden values' chunk
+    stat = shard.stat()
+    raw = bytearray(shard.read_bytes())
+    raw[offset + 17] ^= 0x10
+    shard.write_bytes(bytes(raw))
+    import os
+
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # bit rot leaves the time alone
+    with pytest.raises(DamagedArtefact, match="readable HDF5") as caught:  # not re-hashed
+        read_split(tmp_path / "split")
+    assert caught.value.path == tmp_path / "split"
+
+
+def test_old_shards_without_chunk_checksums_still_read(tmp_path, capsys) -> None:  # noqa: ANN001
+    from etn_cli.store import write_manifest
+
+    folder = tmp_path / "old"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    with h5py.File(folder / "shard-00000.h5", "w") as handle:  # as etn wrote them before
+        handle.attrs["etn_format"] = 1
+        handle["hidden"], handle["logits"] = rng.normal(size=(6, 4)), rng.normal(size=(6, 2))
+        handle["labels"], handle["index"] = np.arange(6) % 2, np.arange(6)
+    write_manifest(folder, {"old": True})
+    assert len(read_split(folder)) == 6
+    read_split(folder)
+    assert capsys.readouterr().err.count("carry no HDF5 chunk checksums") == 1
+
+
+def test_new_shards_carry_chunk_checksums_and_are_byte_identical(tmp_path) -> None:  # noqa: ANN001
+    arrays = {"hidden": np.ones((5, 3), np.float32), "labels": np.arange(5)}
+    write_shard(tmp_path / "a.h5", arrays)
+    write_shard(tmp_path / "b.h5", arrays)
+    assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
+    with h5py.File(tmp_path / "a.h5", "r") as handle:
+        assert handle["hidden"].fletcher32 and handle["labels"].fletcher32
+
+
+def test_a_sealed_file_is_checked_before_it_is_parsed(tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "m.parquet"
+    write_sealed(path, b"PAR1 payload")
+    assert sidecar(path).read_text().endswith("  m.parquet\n")
+    assert read_sealed(path) == b"PAR1 payload"
+    path.write_bytes(b"PAR1 pAyload")
+    with pytest.raises(DamagedArtefact, match="the file changed or is corrupt"):
+        read_sealed(path)
+    sidecar(path).write_text("garbage\n")
+    with pytest.raises(DamagedArtefact, match="checksum file .* is damaged"):
+        read_sealed(path)
+
+
+def test_an_edited_record_is_refused_even_where_it_still_parses(tmp_path) -> None:  # noqa: ANN001
+    from etn_cli.store.artefacts.sealed import check_record_seal
+
+    record = seal_record({"rows": 10, "fit_split": "digits:adapt (190 rows)"})
+    check_record_seal(json.loads(json.dumps(record)), tmp_path / "r.json", tmp_path)
+    with pytest.raises(DamagedArtefact, match="does not match its own checksum"):
+        check_record_seal(record | {"rows": 11}, tmp_path / "r.json", tmp_path)
+    check_record_seal({"rows": 10}, tmp_path / "r.json", tmp_path)  # an older etn's: no seal
+
+
+def test_damage_to_the_users_own_features_is_refused_not_rebuilt(tmp_path) -> None:  # noqa: ANN001
+    from cli_runner import etn
+    from conftest import make_features
+
+    from etn_cli.store import ShardWriter  # the user's folders, with etn's manifest
+
+    for name, split in (("adapt", 0), ("test", 1)):
+        f = make_features(split=split)
+        with ShardWriter(tmp_path / name, {"mine": name}, shard_rows=512) as writer:
+            writer.append(f.hidden, f.logits, f.labels, np.arange(len(f.labels)))
+    shard = tmp_path / "test" / "shard-00000.h5"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    pipeline = tmp_path / "own.toml"
+    pipeline.write_text(
+        'name = "own"\nseeds = [0]\n[features]\nadapt = "adapt"\ntest = "test"\n'
+        '[[heads]]\nname = "map"\n'
+    )
+    code, output = etn("run", pipeline, "--data-dir", tmp_path / "data")
+    assert code != 0 and "test" in output and "Rebuilding" not in output, output
+    assert shard.is_file()  # the user's file is left as it is
+    with pytest.raises(EtnError):
+        read_split(tmp_path / "test")
