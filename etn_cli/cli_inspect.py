@@ -82,11 +82,18 @@ def verify(
             help="Delete leftovers of interrupted runs that no running etn process holds.",
         ),
     ] = False,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Remove every damaged unit (each is derived); the next etn run rebuilds it.",
+        ),
+    ] = False,
 ) -> None:
     """Check every manifest, row count and checksum under the data directory.
 
     Prints one line per damaged item (what is wrong, how to fix it) and per leftover of an
-    interrupted run, then a summary; exits 1 when anything is damaged.
+    interrupted run, then a summary; exits 1 when anything is damaged and not removed.
     """
     from etn_cli.stages.verify import verify as run_verify
 
@@ -97,9 +104,9 @@ def verify(
             f"No data directory at {data}: nothing has run there yet, so there is nothing to "
             "verify. Run `etn run PIPELINE` first, or pass --data-dir."
         )
-    outcome = run_verify(data, clean_partials=clean_partials)
+    outcome = run_verify(data, clean_partials=clean_partials, repair=repair)
     typer.echo(outcome.render())
-    if outcome.damaged:
+    if outcome.damaged and not repair:
         raise typer.Exit(1)
 
 

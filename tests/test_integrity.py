@@ -143,3 +143,26 @@ def test_damage_to_the_users_own_features_is_refused_not_rebuilt(tmp_path) -> No
     assert shard.is_file()  # the user's file is left as it is
     with pytest.raises(EtnError):
         read_split(tmp_path / "test")
+
+
+def test_verify_repair_removes_damaged_units_and_the_next_run_rebuilds_them(
+    clean, tmp_path
+) -> None:  # noqa: ANN001
+    import shutil
+
+    from cli_runner import etn
+    from damage_cases import Case, apply, results
+
+    pipeline, data = clean
+    work = tmp_path / "work"
+    shutil.copytree(data, work)
+    for case in (Case("head.json", "flip", 20, 1), Case("backbone weights", "flip", 900, 4)):
+        apply(case, work)
+    code, output = etn("verify", "--data-dir", work)
+    assert code == 1 and output.count("DAMAGED") == 2, output
+    code, output = etn("verify", "--data-dir", work, "--repair")
+    assert code == 0 and output.count("removed damaged") == 2, output
+    assert etn("run", pipeline, "--data-dir", work)[0] == 0
+    assert results(work) == results(data)
+    code, output = etn("verify", "--data-dir", work)
+    assert code == 0 and " 0 damaged" in output, output

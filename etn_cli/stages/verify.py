@@ -49,11 +49,13 @@ class Verification:
     damaged: list[Damage] = field(default_factory=list)
     leftovers: list[Leftover] = field(default_factory=list)
     cleaned: list[Path] = field(default_factory=list)
+    removed: list[Path] = field(default_factory=list)  # damaged units removed by --repair
 
     def render(self) -> str:
         lines = [damage.line() for damage in self.damaged]
         lines += [left.line() for left in self.leftovers if left.path not in self.cleaned]
         lines += [f"removed {path}" for path in self.cleaned]
+        lines += [f"removed damaged {path}; the next etn run rebuilds it" for path in self.removed]
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(self.checked.items())) or "nothing"
         kept = len(self.leftovers) - len(self.cleaned)
         lines.append(
@@ -65,8 +67,10 @@ class Verification:
         return "\n".join(lines)
 
 
-def verify(data_dir: Path, *, clean_partials: bool = False) -> Verification:
-    """Check everything under ``data_dir``; with ``clean_partials`` delete unheld leftovers."""
+def verify(data_dir: Path, *, clean_partials: bool = False, repair: bool = False) -> Verification:
+    """Check everything under ``data_dir``; with ``clean_partials`` delete unheld leftovers;
+    with ``repair`` remove every damaged unit (under its lock), which the next ``etn run`` of
+    its pipeline rebuilds: everything under a data directory is derived."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise EtnError(
@@ -80,6 +84,9 @@ def verify(data_dir: Path, *, clean_partials: bool = False) -> Verification:
             check(path)
         except EtnError as err:
             result.damaged.append(Damage(path, str(err), fix))
+            if repair:
+                remove_damaged(path)
+                result.removed.append(path)
     result.leftovers = find_leftovers(data_dir)
     if clean_partials:
         result.cleaned = [left.path for left in result.leftovers if clean_leftover(left)]
@@ -109,6 +116,15 @@ def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], 
             fix = f"Delete {folder}; the next etn run rebuilds it."
             found.append(("backbone caches", folder, _check_files, fix))
     return found
+
+
+def remove_damaged(path: Path) -> None:
+    """Remove one damaged unit (a folder, or a file with its checksum) holding its lock."""
+    from etn_cli.store.artefacts.sealed import discard
+    from etn_cli.store.atomic import unit_lock
+
+    with unit_lock(path):
+        discard(path)
 
 
 def _units(folder: Path) -> list[Path]:
@@ -193,12 +209,23 @@ def _check_files(path: Path) -> None:
     """Every JSON file parses and every safetensors file's header covers the file."""
     from safetensors import SafetensorError, safe_open
 
+    from etn_cli.store.artefacts.sealed import check_record_seal
+    from etn_cli.store.fingerprint import file_sha256
+
     files = sorted(p for p in path.rglob("*") if p.is_file())
     if not files:
         raise EtnError("The folder is empty.")
     for file in files:
         if file.suffix == ".json":
-            read_json_object(file)
+            record = read_json_object(file)
+            check_record_seal(record, file, path)
+            for name, digest in (record.get("files") or {}).items():  # recorded when written
+                found = file_sha256(path / name) if (path / name).is_file() else "missing"
+                if found != digest:
+                    raise EtnError(
+                        f"{name} has sha256 {found[:12]}… but {file.name} records "
+                        f"{str(digest)[:12]}…: the file changed or is corrupt."
+                    )
         elif file.suffix == ".safetensors":
             try:
                 with safe_open(file, "np") as handle:
