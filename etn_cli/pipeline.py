@@ -101,6 +101,19 @@ class FeaturesSpec:
 
     def __post_init__(self) -> None:
         check_groups(self.groups, self.ood, "[features.groups]")
+        for key in ("backbone", "id_dataset"):  # they name folders in the data directory
+            check_path_part(getattr(self, key), f"[features] {key}")
+
+
+def check_path_part(value: object, where: str) -> None:
+    """A value that becomes part of a file name: letters, digits, '.', '-', '_', not starting
+    with '.', so it can never name a folder outside the data directory."""
+    ok = isinstance(value, str) and value and not value.startswith(".")
+    if not ok or not value.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise EtnError(
+            f"{where} = {value!r} names folders in the data directory; use letters, digits, '.', "
+            "'-' or '_', not starting with '.'. For example: \"my_model\"."
+        )
 
 
 def check_fit_rows(fit: str | None, rows: int | None, where: str) -> None:

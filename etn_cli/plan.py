@@ -42,6 +42,13 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     data_dir = Path(data_dir).resolve()
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
     plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
+    names = [unit.name for unit in plan.ood]
+    if len(set(names)) < len(names):  # one name, one metrics key: a second set would vanish
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise EtnError(
+            f"{pipeline.path}: the OOD sets {twice} appear twice under one name. List each OOD "
+            "set once."
+        )
     plan.heads, plan.skipped = drop_unusable(_head_units(plan), plan)
     plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
     return plan

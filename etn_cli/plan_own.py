@@ -6,9 +6,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from etn_cli.errors import EtnError
 from etn_cli.own_features import units
 from etn_cli.pipeline import Pipeline
 from etn_cli.plan_units import FeatureUnit, Plan, group_of
+
+
+def ood_names(entries: tuple[str, ...], where: Path) -> dict[str, str]:
+    """Each OOD entry's name in reports: its last path segment without suffix (``svhn``), or,
+    where two entries share it (``x/svhn``, ``y/svhn``), the entry as written without suffix."""
+    if len(set(entries)) < len(entries):
+        twice = sorted({e for e in entries if entries.count(e) > 1})
+        raise EtnError(f"{where} [features] ood lists {twice} twice. List each OOD set once.")
+    stems = [Path(entry).stem for entry in entries]
+    names = {
+        e: s if stems.count(s) == 1 else str(Path(e).with_suffix("")).strip("/")
+        for e, s in zip(entries, stems, strict=True)
+    }
+    if len(set(names.values())) < len(names):
+        raise EtnError(
+            f"{where} [features] ood entries {sorted(names)} name the same set twice. List each "
+            "OOD folder or file once."
+        )
+    return names
 
 
 def own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
@@ -21,7 +41,7 @@ def own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
         path, fingerprint = units.feature_entry(pipeline, store, role, entry)
         return FeatureUnit(role, name, path, fingerprint=fingerprint)
 
-    names = {entry: Path(entry).stem for entry in spec.ood}
+    names = ood_names(spec.ood, pipeline.path)
     plan = Plan(
         pipeline=pipeline,
         data_dir=data_dir,

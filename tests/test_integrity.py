@@ -166,3 +166,44 @@ def test_verify_repair_removes_damaged_units_and_the_next_run_rebuilds_them(
     assert results(work) == results(data)
     code, output = etn("verify", "--data-dir", work)
     assert code == 0 and " 0 damaged" in output, output
+
+
+def test_two_ood_folders_with_one_last_segment_stay_apart_and_keyed(tmp_path) -> None:  # noqa: ANN001
+    from conftest import make_features
+
+    from etn_cli.pipeline import load_pipeline
+    from etn_cli.plan import make_plan
+    from etn_cli.store import ShardWriter
+
+    for name, split in (("adapt", 0), ("test", 1), ("x/svhn", 2), ("y/svhn", 3)):
+        f = make_features(split=split)
+        with ShardWriter(tmp_path / name, {"mine": name}, shard_rows=512) as writer:
+            writer.append(f.hidden, f.logits, f.labels, np.arange(len(f.labels)))
+    text = (
+        'name = "own"\nseeds = [0]\n[features]\nadapt = "adapt"\ntest = "test"\n'
+        'ood = ["x/svhn", "y/svhn"{more}]\n[[heads]]\nname = "map"\n'
+    )
+    path = tmp_path / "own.toml"
+    path.write_text(text.format(more=""))
+    plan = make_plan(load_pipeline(path), tmp_path / "data")
+    assert [u.name for u in plan.ood] == ["x/svhn", "y/svhn"]
+    key = plan.metrics[0].key
+    f = make_features(split=4)  # y/svhn changes: the metrics key follows it
+    with ShardWriter(tmp_path / "y/svhn", {"mine": "new"}, 512, replace=True) as writer:
+        writer.append(f.hidden, f.logits, f.labels, np.arange(len(f.labels)))
+    assert make_plan(load_pipeline(path), tmp_path / "data").metrics[0].key != key
+    path.write_text(text.format(more=', "x/svhn"'))
+    with pytest.raises(EtnError, match=r"lists \['x/svhn'\] twice"):
+        make_plan(load_pipeline(path), tmp_path / "data")
+
+
+@pytest.mark.parametrize("key", ["backbone", "id_dataset"])
+def test_a_features_name_that_would_leave_the_data_directory_is_refused(tmp_path, key) -> None:  # noqa: ANN001
+    from etn_cli.pipeline import load_pipeline
+
+    path = tmp_path / "own.toml"
+    path.write_text(
+        f'[features]\nadapt = "a"\ntest = "t"\n{key} = "../../x"\n[[heads]]\nname = "map"\n'
+    )
+    with pytest.raises(EtnError, match=f"{key} = '../../x' names folders in the data directory"):
+        load_pipeline(path)
