@@ -12,6 +12,7 @@ keep; :func:`begin` sets the total of a run (``etn run`` counts every stage's un
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -37,6 +38,25 @@ _state = _State()
 def configure(*, quiet: bool = False, verbose: bool = False) -> None:
     """Set the verbosity for this process (``-q`` wins over ``-v``)."""
     _state.verbosity = QUIET if quiet else VERBOSE if verbose else NORMAL
+    logger = logging.getLogger("etn")  # the store's one-time notes
+    logger.setLevel(logging.ERROR if quiet else logging.INFO)
+    if not logger.handlers:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is when a line is written."""
+
+    @property
+    def stream(self) -> Any:  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 def verbosity() -> int:

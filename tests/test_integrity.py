@@ -73,7 +73,7 @@ def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_
     assert caught.value.path == tmp_path / "split"
 
 
-def test_old_shards_without_chunk_checksums_still_read(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_old_shards_without_chunk_checksums_still_read(tmp_path, caplog) -> None:  # noqa: ANN001
     from etn_cli.store import write_manifest
 
     folder = tmp_path / "old"
@@ -86,7 +86,8 @@ def test_old_shards_without_chunk_checksums_still_read(tmp_path, capsys) -> None
     write_manifest(folder, {"old": True})
     assert len(read_split(folder)) == 6
     read_split(folder)
-    assert capsys.readouterr().err.count("carry no HDF5 chunk checksums") == 1
+    notes = [r.message for r in caplog.records if "carry no HDF5 chunk checksums" in r.message]
+    assert len(notes) == 1  # said once (the CLI shows the etn logger on stderr)
 
 
 def test_new_shards_carry_chunk_checksums_and_are_byte_identical(tmp_path) -> None:  # noqa: ANN001
@@ -207,3 +208,33 @@ def test_a_features_name_that_would_leave_the_data_directory_is_refused(tmp_path
     )
     with pytest.raises(EtnError, match=f"{key} = '../../x' names folders in the data directory"):
         load_pipeline(path)
+
+
+def test_every_file_and_folder_follows_the_umask(clean, tmp_path) -> None:  # noqa: ANN001
+    import os
+
+    from cli_runner import etn
+
+    pipeline, _ = clean
+    previous = os.umask(0o007)  # a group shares the data directory
+    try:
+        code, output = etn("run", pipeline, "--data-dir", tmp_path / "data")
+    finally:
+        os.umask(previous)
+    assert code == 0, output
+    modes = {p.relative_to(tmp_path): p.stat().st_mode & 0o777 for p in tmp_path.rglob("*")}
+    odd = {
+        p: oct(m) for p, m in modes.items() if m != (0o770 if (tmp_path / p).is_dir() else 0o660)
+    }
+    assert not odd, odd
+
+
+def test_predict_refuses_an_output_that_is_a_folder_before_any_work(clean, tmp_path) -> None:  # noqa: ANN001
+    from cli_runner import etn
+
+    pipeline, data = clean
+    (tmp_path / "out.csv").mkdir()
+    with pytest.raises(EtnError, match="is a folder; expected a file"):  # one line, exit 2
+        etn("predict", pipeline, "digits:test", "--head", "map_edl", "--data-dir", data,
+            "--out", tmp_path / "out.csv")  # fmt: skip
+    assert not list((tmp_path / "out.csv").iterdir())

@@ -43,7 +43,7 @@ from etn_cli.datasets.digits import ID_CLASSES, Digits
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.headfiles import read_json_object
 from etn_cli.store.artefacts.sealed import check_record_seal, discard, seal_record
-from etn_cli.store.atomic import unit_lock
+from etn_cli.store.atomic import honour_umask, unit_lock
 from etn_cli.store.fingerprint import file_sha256
 
 CODE_VERSION = "1"  # bump whenever the architecture or training recipe changes
@@ -198,6 +198,7 @@ def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> N
         meta["files"] = {WEIGHTS_FILE: file_sha256(tmp / WEIGHTS_FILE)}  # checked at every load
         sealed = seal_record(json.loads(json.dumps(meta)))
         (tmp / META_FILE).write_text(json.dumps(sealed, indent=2) + "\n")
+        honour_umask(tmp)  # mkdtemp's folder is 0700, safetensors' file 0600
         publish(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import EtnError
+from etn_cli.store.atomic import honour_umask
 from etn_cli.store.fingerprint import file_sha256
 
 HASHED_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".tiktoken", ".py", ".jinja")
@@ -169,6 +170,7 @@ class HashMemo:
         handle, tmp = tempfile.mkstemp(prefix=".hashes-", dir=self.path.parent)
         with os.fdopen(handle, "w") as out:
             json.dump(self.entries, out)
+        honour_umask(Path(tmp))  # mkstemp's file is 0600
         os.replace(tmp, self.path)
         self.dirty = False
 

@@ -36,6 +36,7 @@ from etn_cli.config import build_config, config_dict
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
 from etn_cli.provenance import provenance
+from etn_cli.store.atomic import honour_umask
 
 FINETUNE_VERSION = 1
 
@@ -122,6 +123,7 @@ def finetune_lora(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir), safe_serialization=True)
+    honour_umask(out_dir)  # safetensors writes 0600
     return record
 
 

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from etn_cli import progress
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
+from etn_cli.store.atomic import honour_umask
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,7 @@ def finetune_backbone(backbone: Any, train: Any, settings: dict[str, Any], out_d
     model.eval()
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(state, str(out_dir / FINETUNED_FILE))
+    honour_umask(out_dir / FINETUNED_FILE)  # safetensors writes 0600
     return {
         "model": backbone.config.model,
         "started_from": backbone.weights.fingerprint,

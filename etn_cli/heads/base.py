@@ -18,6 +18,7 @@ from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.calibration import apply_temperature, fit_temperature
 from etn_cli.registry import Registry
+from etn_cli.store.atomic import honour_umask
 
 HEAD_FORMAT = 1
 
@@ -189,6 +190,7 @@ class Head:
         folder = Path(folder)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self._state().items()}
         save_file(tensors, folder / "weights.safetensors")
+        honour_umask(folder / "weights.safetensors")  # safetensors writes 0600
         meta = {
             "format": HEAD_FORMAT,
             "head": self.name,

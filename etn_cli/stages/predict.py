@@ -87,6 +87,9 @@ def output_format(path: Path) -> str:
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
         raise EtnError(f"--out must end in .parquet or .csv, got {path}. Rename it.")
+    if Path(path).is_dir():
+        suffix = Path(path).suffix
+        raise EtnError(f"--out {path} is a folder; expected a file. Pass e.g. {path}/out{suffix}.")
     return fmt
 
 

@@ -258,3 +258,14 @@ def exists_message(final: Path) -> str:
         f"Expected to create {final}, but it already exists; pass --force to rebuild it, "
         "or delete it."
     )
+
+
+def honour_umask(path: Path) -> None:
+    """Give what a library wrote with private modes (safetensors writes files 0600, ``tempfile``
+    folders 0700) the modes of every other file etn writes: 0666 and 0777 less the umask, so a
+    group can share a data directory."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path = Path(path)
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        item.chmod((0o777 if item.is_dir() else 0o666) & ~mask)

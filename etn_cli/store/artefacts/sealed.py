@@ -18,14 +18,13 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from etn_cli import progress
 from etn_cli.errors import DamagedArtefact
 from etn_cli.store.atomic import atomic_write_bytes, atomic_write_text
 from etn_cli.store.fingerprint import canonical_json
+from etn_cli.store.notes import note_once
 
 SIDECAR_SUFFIX = ".sha256"
 SEAL = "record_sha256"
-_told_unsealed: set[str] = set()
 
 
 def sidecar(path: Path) -> Path:
@@ -72,9 +71,7 @@ def read_sealed(path: Path, unit: Path | None = None, *, legacy_ok: bool = True)
     if expected is None:
         if not legacy_ok:
             raise DamagedArtefact(unit, f"{path} has no checksum file {sidecar(path).name}.")
-        if str(path) not in _told_unsealed:
-            _told_unsealed.add(str(path))
-            progress.say(f"note: {path} carries no checksum (an older etn wrote it); read as is")
+        note_once(f"note: {path} carries no checksum (an older etn wrote it); read as is")
         return data
     found = hashlib.sha256(data).hexdigest()
     if found != expected:

@@ -17,6 +17,7 @@ import numpy as np
 
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.fingerprint import file_sha256
+from etn_cli.store.notes import note_once
 from etn_cli.store.writing.checks import check_unique_index
 from etn_cli.store.writing.manifest import (
     MANIFEST_NAME,
@@ -113,19 +114,13 @@ def split_damage(split_dir: Path) -> str | None:
     return None
 
 
-_told_unchecked: set[str] = set()
-
-
 def note_unchecked_chunks(split_dir: Path, layouts: list[ShardLayout]) -> None:
     """Say once per split that shards written before chunk checksums carry none (a bit flipped
     in them with size and time unchanged is then found by ``etn verify`` only)."""
-    if all(layout.checksummed for layout in layouts) or str(split_dir) in _told_unchecked:
+    if all(layout.checksummed for layout in layouts):
         return
-    _told_unchecked.add(str(split_dir))
-    from etn_cli import progress
-
-    progress.say(
-        f"note: the shards of {split_dir.name} carry no HDF5 chunk checksums (written by an older "
+    note_once(
+        f"note: the shards of {split_dir} carry no HDF5 chunk checksums (written by an older "
         "etn); `etn verify` still checks them in full"
     )
 
