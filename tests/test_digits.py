@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
 from etn_cli.backbones import backbones, digits_cnn
+from etn_cli.backbones.base import read_only
 from etn_cli.datasets import datasets
 from etn_cli.errors import EtnError
 
@@ -138,8 +140,25 @@ def test_fingerprint_changes_when_a_config_value_changes(tmp_path: Path) -> None
     assert base.folder != other.folder
 
 
-def test_unreadable_weights_raise_an_etn_error(tmp_path: Path) -> None:
+def test_damaged_weights_are_retrained_to_the_same_bytes(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     folder = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path).folder
+    weights = folder / digits_cnn.WEIGHTS_FILE
+    good = weights.read_bytes()
+    weights.write_bytes(b"not a safetensors file")
+    digest = hashlib.sha256(good).hexdigest()
+    with read_only():  # planning without building keeps the recorded key and repairs nothing
+        assert digits_cnn.DigitsCNNBackbone(SMALL, tmp_path).weights_sha256 == digest
+    assert weights.read_bytes() == b"not a safetensors file"
+    backbone = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path)
+    assert weights.read_bytes() == good and "repair: " in capsys.readouterr().err
+    assert backbone.fingerprint()["weights_sha256"] == digest
+
+
+def test_unreadable_weights_of_an_older_cache_raise_an_etn_error(tmp_path: Path) -> None:
+    folder = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path).folder
+    meta = json.loads((folder / "meta.json").read_text())
+    meta.pop("files"), meta.pop("record_sha256")  # as etn wrote it before recording sha256
+    (folder / "meta.json").write_text(json.dumps(meta))
     (folder / digits_cnn.WEIGHTS_FILE).write_bytes(b"not a safetensors file")
     with pytest.raises(EtnError, match="Delete"):
         digits_cnn.DigitsCNNBackbone(SMALL, tmp_path)
