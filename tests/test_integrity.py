@@ -249,3 +249,20 @@ def test_predict_refuses_an_output_that_is_a_folder_before_any_work(clean, tmp_p
         etn("predict", pipeline, "digits:test", "--head", "map_edl", "--data-dir", data,
             "--out", tmp_path / "out.csv")  # fmt: skip
     assert not list((tmp_path / "out.csv").iterdir())
+
+
+@pytest.mark.parametrize(
+    "case", [Case("train.json", "delete"), Case("manifest", "delete")], ids=str
+)
+def test_a_repair_is_announced_in_one_line_naming_the_damage(clean, tmp_path, case) -> None:  # noqa: ANN001
+    import shutil
+
+    from damage_cases import apply, run_in_process
+
+    pipeline, data = clean
+    shutil.copytree(data, tmp_path / "work")
+    apply(case, tmp_path / "work")
+    code, _, stderr = run_in_process(pipeline, tmp_path / "work")
+    repairs = [line for line in stderr.splitlines() if line.startswith("repair: ")]
+    assert code == 0 and len(repairs) == 1, stderr
+    assert "found none" in repairs[0] and "Delete" not in repairs[0], repairs

@@ -42,7 +42,7 @@ from etn_cli.datasets.base import Split
 from etn_cli.datasets.digits import ID_CLASSES, Digits
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.headfiles import read_json_object
-from etn_cli.store.artefacts.sealed import check_record_seal, discard, seal_record
+from etn_cli.store.artefacts.sealed import check_record_seal, discard, repair_line, seal_record
 from etn_cli.store.atomic import honour_umask, unit_lock
 from etn_cli.store.fingerprint import file_sha256
 
@@ -292,7 +292,7 @@ class DigitsCNNBackbone(Backbone):
                 recorded, problem = cache_state(folder)
                 if problem:
                     if problem != "missing":  # derived, and training is deterministic: rebuild
-                        progress.say(f"repair: {problem} Retraining the digits CNN.")
+                        progress.say(repair_line(problem, "Retraining the digits CNN."))
                         discard(folder)
                     train, test = Digits().load_split("train"), Digits().load_split("test")
                     train_and_save(self.config, train, test, folder)

@@ -31,7 +31,7 @@ from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder
-from etn_cli.store.artefacts.sealed import seal_state, sidecar, write_sealed
+from etn_cli.store.artefacts.sealed import repair_line, seal_state, sidecar, write_sealed
 from etn_cli.store.atomic import remove_tmp, unit_lock
 from etn_cli.store.reading.consistency import check_varies
 from etn_cli.store.reading.reader import read_split
@@ -47,7 +47,7 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
         if u not in todo:
             result.skip(u.path, unit_name(u.head))
         elif u.path.exists() and not force:  # a derived file: rebuilt, never used damaged
-            progress.say(f"repair: {damage[u.key]} Rebuilding {u.path.name}.")
+            progress.say(repair_line(damage[u.key], f"Rebuilding {u.path.name}."))
     if not todo:
         return result
     check_plan_features(plan)

@@ -43,7 +43,7 @@ from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, pub
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
 from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
-from etn_cli.store.artefacts.sealed import discard
+from etn_cli.store.artefacts.sealed import discard, repair_line
 from etn_cli.store.atomic import unit_lock
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.reading.reader import split_damage
@@ -91,7 +91,7 @@ def import_features(plan: Plan, result: StageResult) -> StageResult:
                 if (damage := split_damage(unit.path)) is None:  # imported while we waited
                     result.skip(unit.path, split_name(unit), "finished by another run")
                     continue
-                progress.say(f"repair: {damage} Importing {path.name} again.")
+                progress.say(repair_line(damage, f"Importing {path.name} again."))
                 discard(unit.path)
             with result.build(unit.path, split_name(unit), f"import {path.name}"):
                 write_split(read[path], unit.path)
@@ -216,7 +216,7 @@ def store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
     with unit_lock(path):
         if (damage := classifier_damage(path)) is not None:
             if path.exists():  # derived from the backbone: saved again
-                progress.say(f"repair: {damage} Saving it again.")
+                progress.say(repair_line(damage, "Saving it again."))
                 discard(path)
             weights = backbone().classifier()
             save_classifier(path, weights["weight"], weights["bias"], provenance())

@@ -36,7 +36,7 @@ from etn_cli.errors import EtnError
 from etn_cli.plan import FeatureUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.extract_batches import batches_in, remaining_batches
-from etn_cli.store.artefacts.sealed import discard
+from etn_cli.store.artefacts.sealed import discard, repair_line
 from etn_cli.store.atomic import remove_partials, unit_lock
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 from etn_cli.store.reading.reader import split_damage
@@ -86,7 +86,7 @@ def _claim(
     if unit.path.exists():
         if (damage := split_damage(unit.path)) is None:  # another process finished it meanwhile
             return Claim(None, "finished by another run")
-        progress.say(f"repair: {damage} Rebuilding {unit.path.name}.")  # derived: rebuild it
+        progress.say(repair_line(damage, f"Rebuilding {unit.path.name}."))  # derived: rebuild it
         discard(unit.path)
     data = plan.pipeline.data
     assert data is not None

@@ -25,7 +25,7 @@ from etn_cli.stages.finetune import finetune
 from etn_cli.stages.report import report
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import train
-from etn_cli.store.artefacts.sealed import discard
+from etn_cli.store.artefacts.sealed import discard, repair_line
 from etn_cli.store.atomic import unit_lock
 from etn_cli.store.storage import explained_storage_errors
 
@@ -130,7 +130,7 @@ def run_pipeline(
                 if damage.path in repaired or not is_derived(plan, damage.path):
                     raise  # the user's own input, or damage that a rebuild did not cure
                 repaired.add(damage.path)
-                progress.say(f"repair: {damage} Rebuilding {damage.path.name}.")
+                progress.say(repair_line(damage, f"Rebuilding {damage.path.name}."))
                 with unit_lock(damage.path):
                     discard(damage.path)
     folder = written[0].parent if written else None

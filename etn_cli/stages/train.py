@@ -24,7 +24,7 @@ from etn_cli.provenance import provenance
 from etn_cli.stages.head_inputs import check_head_inputs
 from etn_cli.stages.result import StageResult
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder, head_checksums
-from etn_cli.store.artefacts.sealed import discard, seal_record
+from etn_cli.store.artefacts.sealed import discard, repair_line, seal_record
 from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
 from etn_cli.store.reading.consistency import check_splits, check_varies
 from etn_cli.store.reading.reader import Features, read_split
@@ -77,7 +77,9 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
                     continue
                 remove_partials(unit.path)  # left by a killed run; we hold the lock
                 if unit.path.exists() and not force:  # derived: retrained, never used damaged
-                    progress.say(f"repair: {head_damage(unit.path)} Retraining {unit.path.name}.")
+                    progress.say(
+                        repair_line(head_damage(unit.path), f"Retraining {unit.path.name}.")
+                    )
                     discard(unit.path)
                 reason = "--force" if force else "no finished head with this key"
                 with result.build(unit.path, unit_name(unit), reason):

@@ -15,6 +15,7 @@ Two forms, both plain sha256:
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,15 @@ def check_record_seal(record: dict[str, Any], path: Path, unit: Path) -> None:
         raise DamagedArtefact(
             unit, f"{path} does not match its own checksum ({SEAL}): it was edited or is corrupt."
         )
+
+
+def repair_line(problem: object, action: str) -> str:
+    """``repair: <what is damaged> <what etn does about it>``: the problem without the advice
+    to delete and rebuild by hand that a refusal gives, since etn is doing just that."""
+    what = re.split(
+        r"(?<=[.:]) (?=(?:Delete|Run etn|Regenerate|Re-run|Fix|Save it)\b)", str(problem)
+    )
+    return f"repair: {what[0].strip()} {action}"
 
 
 def discard(path: Path) -> None:
