@@ -266,3 +266,18 @@ def test_a_repair_is_announced_in_one_line_naming_the_damage(clean, tmp_path, ca
     repairs = [line for line in stderr.splitlines() if line.startswith("repair: ")]
     assert code == 0 and len(repairs) == 1, stderr
     assert "found none" in repairs[0] and "Delete" not in repairs[0], repairs
+
+
+def test_status_calls_a_damaged_unit_damaged_and_a_dry_run_would_build_it(clean, tmp_path) -> None:  # noqa: ANN001
+    import shutil
+
+    from cli_runner import etn
+    from damage_cases import apply
+
+    pipeline, data = clean
+    shutil.copytree(data, tmp_path / "work")
+    apply(Case("head weights", "flip", 40, 2), tmp_path / "work")
+    code, output = etn("status", pipeline, "--data-dir", tmp_path / "work")
+    assert code == 0 and "damaged  Head file" in output and ", 1 damaged;" in output, output
+    code, output = etn("run", pipeline, "--data-dir", tmp_path / "work", "--dry-run")
+    assert "would build head" in output and "1 to build" in output, output

@@ -3,12 +3,15 @@
 A unit is ``done`` when its completion record exists (a split's manifest, a head's
 ``train.json``, a metrics file, ``finetune.json``), ``partial`` when a private folder or
 temporary file of an unfinished build is there (with the shards an extraction has finished so
-far, and whether a running process holds it), and ``missing`` otherwise. Nothing is written.
+far, and whether a running process holds it), ``damaged`` when a finished unit's files no longer
+match their recorded checksums (``etn run`` rebuilds it), and ``missing`` otherwise. Nothing is
+written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from etn_cli.store.atomic import is_locked, partial_folders
 from etn_cli.store.maintenance.leftovers import TMP_FILE, peek_partial
 from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
-STATES = ("done", "partial", "missing")
+STATES = ("done", "partial", "missing", "damaged")
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,27 @@ def status(plan: Plan) -> list[UnitStatus]:
     for metrics in plan.metrics:
         name = f"{metrics.head.label} seed {metrics.head.seed}"
         units.append(_file_unit("metrics", name, metrics.path))
-    return units
+    return [_checked(unit) for unit in units]
+
+
+def _checked(unit: UnitStatus) -> UnitStatus:
+    """A ``done`` unit whose files no longer match their recorded checksums is ``damaged``
+    (``etn run`` rebuilds it); the same cheap checks ``etn run`` makes before it skips one."""
+    from etn_cli.stages.evaluate import metrics_damage
+    from etn_cli.stages.extract import classifier_damage
+    from etn_cli.stages.train import head_damage
+    from etn_cli.store.reading.reader import split_damage
+
+    if unit.state != "done":
+        return unit
+    checks = {"head": head_damage, "metrics": metrics_damage, "classifier": classifier_damage}
+    if unit.kind == "features" and (unit.path / "manifest.json").exists():
+        checks["features"] = split_damage
+    problem = checks[unit.kind](unit.path) if unit.kind in checks else None
+    if problem is None:
+        return unit
+    first = re.split(r"(?<=\.) (?=[A-Z])", str(problem))[0]
+    return UnitStatus(unit.kind, unit.name, "damaged", first, unit.path)
 
 
 def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> str:
@@ -61,10 +84,12 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]  # fmt: skip
     counts = {state: sum(u.state == state for u in units) for state in STATES}
+    if not counts["damaged"]:
+        del counts["damaged"]
     summary = f"{plan.pipeline.name}: {len(units)} units, " + ", ".join(
         f"{n} {state}" for state, n in counts.items()
     )
-    if counts["partial"] or counts["missing"]:
+    if counts["partial"] or counts["missing"] or counts.get("damaged"):
         summary += f"; `etn run {_shown(plan.pipeline.path)}` builds the rest"
     if not plan.data_dir.is_dir():
         summary += f" (no data directory at {plan.data_dir} yet)"
