@@ -107,6 +107,23 @@ def test_rerun_does_no_work(finished) -> None:  # noqa: ANN001
     assert "extract: 0 built" in output and files(data) == before
 
 
+def test_a_damaged_fine_tune_is_trained_again_to_the_same_weights(finished, tmp_path) -> None:  # noqa: ANN001
+    import shutil
+
+    pipeline, data, _ = finished
+    work = tmp_path / "data"
+    shutil.copytree(data, work)
+    (folder,) = (work / "backbones").glob("torchvision-finetune-*[!k]")
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    raw = bytearray(good)
+    raw[len(raw) // 2] ^= 0x04
+    weights.write_bytes(bytes(raw))
+    code, output = etn("run", pipeline, "--data-dir", work, "--device", "cpu")
+    assert code == 0 and "repair: " in output and "finetune: 1 built" in output, output
+    assert weights.read_bytes() == good and "extract: 0 built" in output  # seeded: same bytes
+
+
 def test_extract_uses_the_fine_tuned_weights(finished) -> None:  # noqa: ANN001
     pipeline, data, _ = finished
     plan = make_plan(load_pipeline(pipeline), data)

@@ -16,12 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from etn_cli.errors import EtnError
+from etn_cli import progress
+from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.plan import FinetuneUnit, Plan, open_source
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
+from etn_cli.store.artefacts.headfiles import read_json_object
+from etn_cli.store.artefacts.sealed import check_record_seal, discard, repair_line, seal_record
 from etn_cli.store.atomic import atomic_dir, atomic_write_text, remove_partials, unit_lock
-from etn_cli.store.fingerprint import canonical_json
+from etn_cli.store.fingerprint import canonical_json, file_sha256
 
 RECORD = "finetune.json"
 KIND = "etn-finetune"
@@ -32,6 +35,28 @@ def finetune_is_complete(path: Path) -> bool:
     return (Path(path) / RECORD).is_file()
 
 
+def finetune_damage(path: Path) -> str | None:
+    """None when the folder is complete and its files match the sha256 ``finetune.json``
+    records (sealed by its own; an older etn's record lists none); "missing" without a folder;
+    otherwise what is damaged."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    try:
+        record = read_json_object(path / RECORD)
+        check_record_seal(record, path / RECORD, path)
+    except EtnError as err:
+        return str(err)
+    for name, digest in (record.get("files") or {}).items():
+        found = file_sha256(path / name) if (path / name).is_file() else "missing"
+        if found != digest:
+            return (
+                f"{path / name} has sha256 {found[:12]}… but {RECORD} records {str(digest)[:12]}…: "
+                "the file changed or is corrupt."
+            )
+    return None
+
+
 def finetune(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
     """Build the ``[finetune]`` unit of ``plan`` unless it is complete (or ``force``)."""
     result = StageResult("finetune")
@@ -39,15 +64,18 @@ def finetune(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
     if unit is None:
         return result
     name = f"{plan.backbone_name} on {unit.dataset}.{unit.split}"
-    if finetune_is_complete(unit.path) and not force:
+    if finetune_damage(unit.path) is None and not force:
         result.skip(unit.path, name)
         return result
     unit.path.parent.mkdir(parents=True, exist_ok=True)
     with unit_lock(unit.path):
-        if finetune_is_complete(unit.path) and not force:  # finished while we waited
+        if (damage := finetune_damage(unit.path)) is None and not force:  # finished meanwhile
             result.skip(unit.path, name, "finished by another run")
             return result
         remove_partials(unit.path)
+        if unit.path.exists() and not force:  # derived: trained again, never used damaged
+            progress.say(repair_line(damage, f"Fine-tuning {unit.path.name} again."))
+            discard(unit.path)
         with result.build(unit.path, name, "--force" if force else "no finetune.json"):
             train_and_save(plan, unit, device, replace=force)
     return result
@@ -75,7 +103,9 @@ def train_and_save(plan: Plan, unit: FinetuneUnit, device: str, replace: bool) -
             "device": device,
             "provenance": provenance(),
         }
-        plain = json.loads(canonical_json(document))
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        document["files"] = {str(p.relative_to(folder)): file_sha256(p) for p in files}
+        plain = seal_record(json.loads(canonical_json(document)))  # checked at every use
         atomic_write_text(folder / RECORD, json.dumps(plain, indent=2) + "\n")
 
 
@@ -96,4 +126,6 @@ def require_finetuned(unit: FinetuneUnit) -> Path:
             f"Expected the fine-tuned backbone at {unit.path}, found none. Run `etn finetune` "
             "on this pipeline first (`etn run` does it for you)."
         )
+    if (damage := finetune_damage(unit.path)) is not None:
+        raise DamagedArtefact(unit.path, damage)
     return unit.path
