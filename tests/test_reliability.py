@@ -534,7 +534,7 @@ def test_verify_names_each_damaged_item_on_one_line_and_exits_1(
     expected = {
         shard.parent: ("has sha256", "run etn extract"),
         adapt: ("which is missing", "run etn extract"),
-        parquet: ("Not a readable Parquet file", "run etn evaluate"),
+        parquet: ("the file changed or is corrupt", "run etn evaluate"),  # before parsing
         head: ("has sha256", "run etn train"),
     }
     for path, phrases in expected.items():
