@@ -63,7 +63,7 @@ def load_head(
       the head ``etn train`` fitted for that pipeline; ``head`` is a head name, a label of the
       report (``"ETN (prior_mode=5)"``) or a folder name.
 
-    ``data_dir`` defaults to ``$ETN_DATA_DIR``, else ``data``.
+    ``data_dir`` defaults to ``$ETN_DATA_DIR``, else ``~/.cache/etn`` (as the command line's).
     """
     if pipeline is not None:
         if name_or_path is not None:

@@ -49,17 +49,23 @@ def _main_options(
 
 
 # In the order `etn --help` lists them.
-app.command()(cli_build.run)
-app.command()(cli_build.finetune)
-app.command()(cli_build.extract)
-app.command("import")(cli_build.import_command)
-app.command()(cli_build.train)
-app.command()(cli_build.evaluate)
-app.command()(cli_build.predict)
-app.command()(cli_inspect.report)
-app.command()(cli_inspect.verify)
-app.command("ls")(cli_inspect.list_names)
-app.command()(cli_inspect.status)
+app.command(short_help="Every stage of each pipeline; reruns skip finished work.")(cli_build.run)
+app.command(short_help="Stage zero: train the backbone (optional).")(cli_build.finetune)
+app.command(short_help="Run the backbone once per split; cache the features.")(cli_build.extract)
+app.command("import", short_help="Your own feature files as split folders.")(
+    cli_build.import_command
+)
+app.command(short_help="Fit every head x seed on the cached features.")(cli_build.train)
+app.command(short_help="Score every trained head; write Parquet metrics.")(cli_build.evaluate)
+app.command(short_help="Run a trained head on new inputs.")(cli_build.predict)
+app.command(short_help="Print the results table; write tables and plots.")(cli_inspect.report)
+app.command(short_help="Check (and clean) everything under the data directory.")(cli_inspect.verify)
+app.command("ls", short_help="List heads, backbones, datasets or pipelines.")(
+    cli_inspect.list_names
+)
+app.command(short_help="Which units of a pipeline are done, partial or missing.")(
+    cli_inspect.status
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,6 @@ Kept apart from :mod:`etn_cli.cli` so the commands read as a list of what etn do
 from __future__ import annotations
 
 import difflib
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,21 +14,11 @@ from typing import Annotated
 import typer
 
 from etn_cli.errors import EtnError
-
-DATA_DIR_ENV = "ETN_DATA_DIR"
+from etn_cli.store.storage import DATA_DIR_ENV, default_data_dir
 
 
 class UsageError(EtnError):
     """A mistyped choice or option value: one line and exit status 2, like click's own."""
-
-
-def default_data_dir() -> Path:
-    """``$ETN_DATA_DIR``, else ``$XDG_CACHE_HOME/etn``, else ``~/.cache/etn``: one cache per
-    user, whatever the current directory (a cron job finds the same features)."""
-    if os.environ.get(DATA_DIR_ENV):
-        return Path(os.environ[DATA_DIR_ENV]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache).expanduser() / "etn"
 
 
 def choose(value: str, allowed: tuple[str, ...], what: str, aliases: dict | None = None) -> str:

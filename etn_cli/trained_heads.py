@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head
 from etn_cli.plan import HeadUnit, Plan
-
-DATA_DIR_ENV = "ETN_DATA_DIR"
+from etn_cli.store.storage import default_data_dir
 
 
 def data_directory(data_dir: str | Path | None) -> Path:
-    """``data_dir``, else ``$ETN_DATA_DIR``, else ``data`` (the command line's default)."""
-    return Path(data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV, "data"))
+    """``data_dir``, else the command line's default (:func:`default_data_dir`)."""
+    return Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
 
 
 def read_head(folder: str | Path) -> Head:

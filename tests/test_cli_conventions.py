@@ -316,3 +316,19 @@ def test_the_readme_shows_the_shipped_digits_pipeline() -> None:
     listed = readme[start : readme.index("```", start)]
     assert tomllib.loads(listed) == tomllib.loads(shipped)
     assert listed.strip() == shipped.strip()
+
+
+def test_the_quick_start_prints_the_table_the_readme_shows(tmp_path: Path) -> None:
+    """The README's first screen is the real output: the Quick start's run, in a fresh data
+    directory, prints exactly the table pasted under it (and a rerun prints it again)."""
+    readme = (REPO / "README.md").read_text()
+    quick = readme[readme.index("## Quick start") : readme.index("## Your own model")]
+    blocks = quick.split("```")[1::2]  # the fenced blocks' contents
+    (shown,) = [block.removeprefix("\n") for block in blocks if "Method" in block]
+    env = {"ETN_DATA_DIR": str(tmp_path / "data")}
+    first = etn("run", REPO / "pipelines" / "digits.toml", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout == shown
+    assert max(map(len, first.stdout.splitlines())) <= 100
+    again = etn("run", REPO / "pipelines" / "digits.toml", env=env)
+    assert again.stdout == shown and "0 built" in again.stderr

@@ -79,6 +79,7 @@ def test_the_report_names_the_fit_splits_and_averages_each_group(run) -> None:
     _, _, output = run
     assert "Fitted on digits:train (120 rows): 2 methods; digits:adapt (" in output
     assert "semantic-OOD" in output and "covariate-OOD" in output and "digits-OOD" in output
+    assert "X-OOD: the mean over group X's sets." in output
     own = [line for line in output.splitlines() if line.startswith("| KNN")][0]
     assert "–" not in own.split("|")[-3]  # the Own column holds KNN's own score
 

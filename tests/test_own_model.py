@@ -60,7 +60,7 @@ def split_of(folder: Path, pipeline: str, role: str):  # noqa: ANN201
 
 def test_the_readme_lists_every_example_file_verbatim() -> None:
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Your own model") : readme.index("## What you get")]
+    section = readme[readme.index("## Your own model") : readme.index("## Reading the results")]
     for name in (*PIPELINES, "images_api.py"):
         assert (EXAMPLES / name).read_text().strip() in section, name
     for name in PIPELINES:

@@ -170,10 +170,12 @@ def footnote(table: pl.DataFrame, metric: str | None) -> str:
         lines.append("In %. ACC and ECE on the ID test set. AUROC and FPR95 (OpenOOD v1.5's: ID")
         lines.append("rejected at 95% OOD recall, OOD positive; lower is better) rank by each")
         lines.append("method's own OOD score [in brackets], else by max probability (MP).")
-        lines.append("AUPR(MP): the paper's (ID positive). X-OOD: the mean over group X's sets.")
+        lines.append("AUPR(MP): the paper's (ID positive).")
     elif percent:
         lines.append("ACC, AUPR, AUROC, FPR95 and ECE in %; lower is better for FPR95 and ECE.")
         lines += [METRIC_NOTES[metric]] if metric in METRIC_NOTES else []
+    if any("-OOD " in c for c in table.columns):
+        lines.append("X-OOD: the mean over group X's sets.")
     return "\n".join(lines)
 
 

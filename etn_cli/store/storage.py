@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,18 @@ from etn_cli.store.atomic import TMP_SUFFIX
 
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+DATA_DIR_ENV = "ETN_DATA_DIR"
+
+
+def default_data_dir() -> Path:
+    """``$ETN_DATA_DIR``, else ``$XDG_CACHE_HOME/etn``, else ``~/.cache/etn``: one cache per
+    user, whatever the current directory (a cron job finds the same features)."""
+    if os.environ.get(DATA_DIR_ENV):
+        return Path(os.environ[DATA_DIR_ENV]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache).expanduser() / "etn"
 
 
 def ensure_writable(folder: Path) -> None:
