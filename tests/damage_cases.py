@@ -100,13 +100,15 @@ def apply(case: Case, data: Path) -> None:
 
 
 def sample(data: Path, flips: int, seed: int = 0) -> Iterator[Case]:
-    """Per kind: ``flips`` seeded single-bit flips, half in the first 512 bytes (headers) and
-    half anywhere, a truncation to half the size, and deletion."""
+    """Per kind: a flip in the first byte (a format's signature), ``flips`` seeded single-bit
+    flips, half in the first 512 bytes (headers) and half anywhere, a truncation to half the
+    size, and deletion."""
     rng = np.random.default_rng(seed)
     for kind in KINDS:
         size = target(data, kind).stat().st_size
         head = rng.integers(0, min(size, 512), flips - flips // 2)
         body = rng.integers(0, size, flips // 2)
+        yield Case(kind, "flip", 0, 0)
         for offset in np.concatenate([head, body]):
             yield Case(kind, "flip", int(offset), int(rng.integers(0, 8)))
         yield Case(kind, "truncate", size // 2)

@@ -39,7 +39,7 @@ def test_every_sampled_damage_is_repaired_or_refused_in_one_line(clean, tmp_path
     allowed = {"shard": (*OK, "left damaged")}
     bad = {c: o for c, o in outcomes.items() if o.verdict not in allowed.get(c.split(":")[0], OK)}
     assert not bad, bad
-    assert len(outcomes) == 6 * len(KINDS)
+    assert len(outcomes) == 7 * len(KINDS)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 from etn_cli.store.reading.reader import check_same_columns
 from etn_cli.store.writing.manifest import MANIFEST_NAME, load_manifest
@@ -69,9 +69,14 @@ def split_info(role: str, path: Path) -> SplitInfo:
 def split_labels(info: SplitInfo) -> np.ndarray:
     """The ``labels`` (N,) of every shard of a split, concatenated."""
     parts = []
-    for file in info.files:
-        with open_shard(info.path / file, f"shard {info.path.name}/{file}") as handle:
-            parts.append(np.asarray(handle["labels"][()], dtype=np.int64))
+    try:
+        for file in info.files:
+            with open_shard(info.path / file, f"shard {info.path.name}/{file}") as handle:
+                parts.append(np.asarray(handle["labels"][()], dtype=np.int64))
+    except EtnError as err:
+        if (info.path / MANIFEST_NAME).exists():  # etn wrote and checked it: this is damage
+            raise DamagedArtefact(info.path, str(err)) from None
+        raise
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
