@@ -36,6 +36,7 @@ weight decay (1e-3), gradient clipping and cosine schedule are not used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -62,6 +63,7 @@ class IBEDLConfig(HeadConfig):
     lr: float = 1e-3
     b_init: float = 1.0
     learn_b: bool = True
+    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
     def __post_init__(self) -> None:
         require_positive("ib_edl", mc_samples=self.mc_samples)
@@ -133,10 +135,11 @@ class IBEDL(Head):
         self._build(h.shape[1], z.shape[1])
         weight, bias = classifier_tensors(classifier, h.shape[1], z.shape[1])
         self.module_.start_from(weight, bias, cfg.sigma_init)
-        fit_module(
+        self.selection_ = fit_module(  # accuracy of the fixed draws' mean alpha, as predicted
             self.module_, self.loss, (h, y), epochs=cfg.epochs, batch_size=cfg.batch_size,
-            lr=cfg.lr, seed=cfg.seed, device=device, desc="ib_edl",
-        )  # fmt: skip
+            lr=cfg.lr, seed=cfg.seed, device=device, desc="ib_edl", select=cfg.select,
+            class_scores=lambda h_, y_: self._mean_alpha(h_, torch.float32),
+        ).record()  # fmt: skip
         self.module_.cpu()
 
     def loss(
@@ -157,11 +160,12 @@ class IBEDL(Head):
         ).numpy()  # (N, C)
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
-    def _mean_alpha(self, h: torch.Tensor) -> torch.Tensor:
-        """``(1/M) sum_m softplus(mu + sigma * e_m) + b`` in float64 with the fixed draws."""
-        mu, sigma = (t.double() for t in self.module_(h))  # (n, C)
-        draws = mu + sigma * self.noise_.double()[:, None, :]  # (M, n, C)
-        return evidence(draws, self.module_.b.double()).mean(0)
+    def _mean_alpha(self, h: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """``(1/M) sum_m softplus(mu + sigma * e_m) + b`` with the fixed draws (float64 to
+        predict; float32 where training measures its accuracy)."""
+        mu, sigma = (t.to(dtype) for t in self.module_(h))  # (n, C)
+        draws = mu + sigma * self.noise_.to(mu.device, dtype)[:, None, :]  # (M, n, C)
+        return evidence(draws, self.module_.b.to(dtype)).mean(0)
 
     def _state(self) -> dict[str, torch.Tensor]:
         return dict(self.module_.state_dict())
