@@ -52,6 +52,7 @@ from etn_cli.heads.matrix import (
 )
 from etn_cli.heads.scalar_density import scalar_log_density, use_fused
 from etn_cli.heads.training import fit_module
+from etn_cli.heads.vector_density import vector_log_density
 from etn_cli.metrics.scores import dirichlet_scores
 
 EPS = 1e-4
@@ -144,7 +145,7 @@ class ETN(Head):
     label = "ETN"
     family = "evidential"
     Config = ETNConfig
-    fused_ = False  # fit with the compiled scalar objective (etn_cli.heads.scalar_density)
+    fused_ = False  # fit with the compiled objective (etn_cli.heads.scalar_density, vector_density)
 
     @property
     def is_matrix(self) -> bool:
@@ -178,7 +179,7 @@ class ETN(Head):
             check_matrix_feasible(z.shape[1], batch, cfg.mc_samples, limit, width=cfg.width)
         self._build(h.shape[1], z.shape[1])
         work = cfg.mc_samples * z.numel() * cfg.epochs
-        self.fused_ = cfg.variant == "scalar" and use_fused(device, work)
+        self.fused_ = cfg.variant in ("scalar", "vector") and use_fused(device, work)
         if cfg.standardize:
             self.net_.mean.copy_(h.mean(0))
             self.net_.std.copy_(h.std(0).clamp_min(1e-6))
@@ -215,8 +216,8 @@ class ETN(Head):
                 density = scalar_log_density(a, z, self.b_, y, cfg.nu, fused=self.fused_)
                 nll = -density.mean(0)  # (B,)
                 return nll + cfg.kl_weight * kl
-            alpha = evidence(a * z, self.b_)  # (M, B, C)
-            penalty = 0.0
+            density = vector_log_density(a, z, self.b_, y, cfg.nu, fused=self.fused_)  # (M, B)
+            return -density.mean(0) + cfg.kl_weight * kl
         nll = -expected_dirichlet_log_density(alpha, y, cfg.nu).mean(0)  # (B,)
         return nll + cfg.kl_weight * kl + penalty
 
