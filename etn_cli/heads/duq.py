@@ -132,7 +132,7 @@ class DUQ(Head):
         )
         order = torch.Generator().manual_seed(cfg.seed)
         for epoch in progress(range(cfg.epochs), "duq"):
-            total = 0.0
+            total = torch.zeros((), device=device)  # summed on the device: no sync per step
             for idx in torch.randperm(len(x), generator=order).split(cfg.batch_size):
                 idx = idx.to(device)
                 loss = self.loss(x[idx], onehot[idx])
@@ -140,8 +140,8 @@ class DUQ(Head):
                 loss.backward()
                 optimizer.step()
                 net.update_centroids(x[idx], onehot[idx])
-                total += loss.item() * len(idx)
-            if not math.isfinite(total):
+                total += loss.detach() * len(idx)
+            if not math.isfinite(total := total.item()):
                 raise EtnError(
                     f"duq: the loss became {total} in epoch {epoch + 1}. Lower lr or "
                     "gradient_penalty, or check the features for extreme values."
