@@ -76,7 +76,8 @@ class ClosedFormLaplace:
     def __post_init__(self) -> None:
         if self.structure == "kron":  # eigenvalues of G, A (the bias's G is the same matrix)
             self.eigen_ = [symmetric_eigen(f) for f in self.factors[:2]]
-            self.eigen_.append(symmetric_eigen(self.factors[2]))
+            same = torch.equal(self.factors[2], self.factors[0])  # as fitted: one eigh less
+            self.eigen_.append(self.eigen_[0] if same else symmetric_eigen(self.factors[2]))
 
     def log_det_posterior(self, delta: torch.Tensor) -> torch.Tensor:
         if self.structure == "diag":
