@@ -68,7 +68,8 @@ def test_an_unknown_selection_rule_is_refused():
 @pytest.mark.parametrize(
     ("name", "rule"),
     [("etn", "loss"), ("static", "accuracy"), ("map_edl", "accuracy"), ("ib_edl", "accuracy"),
-     ("adats", "accuracy"), ("dmm", "accuracy"), ("ensemble", "accuracy"), ("sngp", "accuracy")],
+     ("adats", "accuracy"), ("dmm", "accuracy"), ("ensemble", "accuracy"), ("sngp", "accuracy"),
+     ("duq", "accuracy"), ("etn_offset", "loss")],
 )  # fmt: skip
 def test_each_trained_head_defaults_to_the_papers_rule(name, rule):
     assert heads.get(name)().config.select == rule
@@ -88,3 +89,17 @@ def test_a_head_records_its_rule_and_kept_epoch_and_keeps_them_when_saved(
     head.save(tmp_path)
     assert json.loads((tmp_path / "head.json").read_text())["selection"] == kept
     assert type(head).load(tmp_path).selection_ == kept
+
+
+@pytest.mark.parametrize("select", ["accuracy", "last"])
+def test_duq_keeps_the_epoch_its_rule_names(features_factory, select):
+    data = features_factory(n=120, d=8, c=3, seed=0)
+    head = heads.get("duq")(epochs=5, batch_size=32, centroid_size=8, select=select)
+    head.fit(data.hidden, data.logits, data.labels)
+    kept = head.selection_
+    assert kept["select"] == select and kept["epochs"] == 5
+    if select == "last":
+        assert kept["epoch"] == 5
+    else:
+        correct = head.predict(data.hidden, data.logits).predictions == data.labels
+        assert correct.mean() == pytest.approx(kept["accuracy"])

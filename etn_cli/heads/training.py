@@ -20,7 +20,7 @@ def progress(iterable, desc: str, total: int | None = None):  # noqa: ANN001, AN
     return bar(iterable, desc, total)
 
 
-EVAL_ROWS = 4096  # rows per forward pass when an epoch's adaptation accuracy is measured
+EVAL_ROWS = 1024  # rows per forward pass when an epoch's adaptation accuracy is measured
 
 
 @dataclass
