@@ -295,3 +295,19 @@ def test_out_of_range_settings_are_refused_naming_the_setting(name, setting):
     key = next(iter(setting))
     with pytest.raises(EtnError, match=rf"expected {key}|{key!r} must be"):
         heads.get(name)(**setting)
+
+
+def test_ib_edls_compiled_risk_equals_the_eager_one_with_its_gradients():
+    from etn_cli.heads.ib_edl import compiled_risk, sampled_risk
+
+    generator = torch.Generator().manual_seed(1)
+    mu, sigma = torch.randn(16, 50, generator=generator) * 4, torch.rand(16, 50) + 0.1
+    noise, labels = torch.randn(20, 16, 50, generator=generator), torch.randint(0, 50, (16,))
+    results = []
+    for risk in (sampled_risk, compiled_risk()):
+        leaves = [t.clone().requires_grad_() for t in (mu, sigma, torch.tensor([0.7]))]
+        value = risk(leaves[0], leaves[1], noise, leaves[2], labels)
+        value.sum().backward()
+        results.append((value.detach(), *(t.grad for t in leaves)))
+    for eager, fused in zip(*results, strict=True):
+        torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
