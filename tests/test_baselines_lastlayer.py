@@ -211,7 +211,10 @@ def _laplace_torch(data, structure: str = "kron"):
 def test_laplace_saved_and_loaded_predicts_exactly_like_laplace_torch(
     structure, pred_type, data, held_out, tmp_path
 ):
-    head = heads.get("laplace")(hessian_structure=structure, pred_type=pred_type, seed=3)
+    backend = "closed_form" if pred_type == "nn" else "laplace_torch"  # glm: the library's
+    head = heads.get("laplace")(
+        hessian_structure=structure, pred_type=pred_type, seed=3, backend=backend
+    )
     head.fit(data.hidden, data.logits, data.labels, classifier=classifier_of(data))
     head.save(tmp_path)
     loaded = Head.load(tmp_path)
@@ -258,7 +261,8 @@ def test_laplace_nn_predictive_samples_the_same_distribution_as_the_glm(data, he
     h = torch.from_numpy(held_out.hidden[:10])
     mean, var = {}, {}
     for kind in ("glm", "nn"):
-        head = heads.get("laplace")(pred_type=kind, mc_samples=1500).fit(
+        backend = "closed_form" if kind == "nn" else "laplace_torch"
+        head = heads.get("laplace")(pred_type=kind, mc_samples=1500, backend=backend).fit(
             data.hidden, data.logits, data.labels, classifier=classifier_of(data)
         )
         samples = head.predictive_samples(h).numpy()  # (S, 10, C)
@@ -269,7 +273,7 @@ def test_laplace_nn_predictive_samples_the_same_distribution_as_the_glm(data, he
 
 
 def test_laplace_refuses_a_glm_predictive_that_needs_too_much_memory(data, monkeypatch):
-    head = heads.get("laplace")(pred_type="glm").fit(
+    head = heads.get("laplace")(pred_type="glm", backend="laplace_torch").fit(
         data.hidden, data.logits, data.labels, classifier=classifier_of(data)
     )
     monkeypatch.setattr(laplace_module, "MAX_ROW_BYTES", 1000)
@@ -291,3 +295,19 @@ def test_out_of_range_settings_are_refused_naming_the_setting(name, setting):
     key = next(iter(setting))
     with pytest.raises(EtnError, match=rf"expected {key}|{key!r} must be"):
         heads.get(name)(**setting)
+
+
+def test_ib_edls_compiled_risk_equals_the_eager_one_with_its_gradients():
+    from etn_cli.heads.ib_edl import compiled_risk, sampled_risk
+
+    generator = torch.Generator().manual_seed(1)
+    mu, sigma = torch.randn(16, 50, generator=generator) * 4, torch.rand(16, 50) + 0.1
+    noise, labels = torch.randn(20, 16, 50, generator=generator), torch.randint(0, 50, (16,))
+    results = []
+    for risk in (sampled_risk, compiled_risk()):
+        leaves = [t.clone().requires_grad_() for t in (mu, sigma, torch.tensor([0.7]))]
+        value = risk(leaves[0], leaves[1], noise, leaves[2], labels)
+        value.sum().backward()
+        results.append((value.detach(), *(t.grad for t in leaves)))
+    for eager, fused in zip(*results, strict=True):
+        torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -59,6 +60,7 @@ class AdaTSConfig(HeadConfig):
     batch_size: int = 1024
     lr: float = 1e-3
     b_init: float = 1.0
+    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
     def __post_init__(self) -> None:
         for name in ("widths", "temperature_widths"):
@@ -142,10 +144,11 @@ class AdaTS(Head):
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         cfg = self.config
         self._build(h.shape[1], z.shape[1])
-        fit_module(
+        self.selection_ = fit_module(  # a positive temperature and one b keep z's argmax
             self.module_, self.loss, (h, z, y), epochs=cfg.epochs, batch_size=cfg.batch_size,
-            lr=cfg.lr, seed=cfg.seed, device=device, desc="adats",
-        )  # fmt: skip
+            lr=cfg.lr, seed=cfg.seed, device=device, desc="adats", select=cfg.select,
+            class_scores=lambda h_, z_, y_: z_,
+        ).record()  # fmt: skip
         self.module_.cpu()
 
     def loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,7 @@ class Head:
         self.n_features_: int | None = None
         self.n_classes_: int | None = None
         self.calibration_: dict[str, Any] | None = None  # the fitted temperature's record
+        self.selection_: Any = None  # trained heads: the kept checkpoint (training.Training)
 
     # ----------------------------------------------------------------- public interface
     @property
@@ -198,6 +199,7 @@ class Head:
             "n_features": self.n_features_,
             "n_classes": self.n_classes_,
             "calibration": self.calibration_,
+            "selection": self.selection_,
         }
         (folder / "head.json").write_text(json.dumps(meta, indent=2))
 
@@ -215,6 +217,7 @@ class Head:
             raise EtnError(f"{folder} holds a {meta['head']!r} head, not {cls.name!r}.")
         head.n_features_, head.n_classes_ = meta["n_features"], meta["n_classes"]
         head.calibration_ = meta.get("calibration")
+        head.selection_ = meta.get("selection")
         tensors = load_file(folder / "weights.safetensors")
         try:
             head._load_state(tensors)

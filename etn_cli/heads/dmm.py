@@ -19,6 +19,7 @@ import copy
 import json
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -43,6 +44,7 @@ class DMMConfig(HeadConfig):
     batch_size: int = 128  # the reference's
     lr: float = 1e-3
     weight_decay: float = 5e-4  # the reference's
+    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
 
 class MetaModel(nn.Module):
@@ -121,10 +123,11 @@ class DMM(Head):
         def loss(x_: torch.Tensor, y_: torch.Tensor) -> torch.Tensor:
             return belief_matching_loss(self.net_(x_), y_, cfg.kl_weight, cfg.prior)
 
-        fit_module(
+        self.selection_ = fit_module(
             self.net_, loss, (x, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
             seed=cfg.seed, device=device, weight_decay=cfg.weight_decay, desc="dmm",
-        )  # fmt: skip
+            select=cfg.select, class_scores=lambda x_, y_: self.net_(x_),
+        ).record()  # fmt: skip
         self.net_.cpu()
 
     def _gather(self, h: torch.Tensor, layers: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -24,8 +24,10 @@ kernel values all underflow, still get a distribution).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -33,7 +35,7 @@ from torch.nn import functional as F
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
-from etn_cli.heads.training import progress
+from etn_cli.heads.training import EVAL_ROWS, Training, progress
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class DUQConfig(HeadConfig):
     weight_decay: float = 5e-4
     lr_milestones: tuple[int, ...] = (10, 20)
     lr_decay: float = 0.2
+    select: Literal["last", "loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
     def __post_init__(self) -> None:
         if self.centroid_size < 1 or self.length_scale <= 0 or not 0 < self.gamma < 1:
@@ -131,8 +134,10 @@ class DUQ(Head):
             optimizer, list(cfg.lr_milestones), cfg.lr_decay
         )
         order = torch.Generator().manual_seed(cfg.seed)
+        training = Training(cfg.select if cfg.select != "last" else "loss")
+        best: tuple = ((math.inf,), None)
         for epoch in progress(range(cfg.epochs), "duq"):
-            total = 0.0
+            total = torch.zeros((), device=device)  # summed on the device: no sync per step
             for idx in torch.randperm(len(x), generator=order).split(cfg.batch_size):
                 idx = idx.to(device)
                 loss = self.loss(x[idx], onehot[idx])
@@ -140,14 +145,32 @@ class DUQ(Head):
                 loss.backward()
                 optimizer.step()
                 net.update_centroids(x[idx], onehot[idx])
-                total += loss.item() * len(idx)
-            if not math.isfinite(total):
+                total += loss.detach() * len(idx)
+            if not math.isfinite(total := total.item()):
                 raise EtnError(
                     f"duq: the loss became {total} in epoch {epoch + 1}. Lower lr or "
                     "gradient_penalty, or check the features for extreme values."
                 )
             schedule.step()
+            training.losses.append(total / len(x))
+            if cfg.select == "accuracy":
+                training.accuracies.append(self._accuracy(x, y.to(device)))
+            if cfg.select == "last" or training.rank() < best[0]:
+                best = (training.rank(), copy.deepcopy(net.state_dict()))
+                training.epoch = epoch + 1
+        net.load_state_dict(best[1])
         self.net_ = net.cpu()
+        self.selection_ = training.record() | {"select": cfg.select}
+
+    @torch.no_grad()
+    def _accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Adaptation accuracy of the current maps and centroids: argmax of the kernel."""
+        correct = sum(
+            int((self.net_.kernel_and_gradient(x[i : i + EVAL_ROWS])[0].argmax(1)
+                 == y[i : i + EVAL_ROWS]).sum())
+            for i in range(0, len(x), EVAL_ROWS)
+        )  # fmt: skip
+        return correct / len(x)
 
     def loss(self, x: torch.Tensor, onehot: torch.Tensor) -> torch.Tensor:
         """Mean BCE of the kernel values against one-hot labels plus the gradient penalty, for

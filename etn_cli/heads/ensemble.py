@@ -13,6 +13,7 @@ MP is ``max_i p_i``; MI comes from the members' softmaxes as samples (``sample_s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ class EnsembleConfig(HeadConfig):
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
+    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -58,7 +60,7 @@ class Ensemble(Head):
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         cfg = self.config
         weight, bias = classifier_tensors(classifier, h.shape[1], z.shape[1])
-        weights, biases = [], []
+        weights, biases, self.selection_ = [], [], []
         for m in range(cfg.members):
             layer = nn.Linear(h.shape[1], z.shape[1])
             with torch.no_grad():
@@ -68,11 +70,13 @@ class Ensemble(Head):
             def loss(h_: torch.Tensor, y_: torch.Tensor, layer: nn.Linear = layer) -> torch.Tensor:
                 return F.cross_entropy(layer(h_), y_, reduction="none")
 
-            fit_module(
+            training = fit_module(
                 layer, loss, (h, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                 seed=member_seed(cfg.seed, m), device=device, weight_decay=cfg.weight_decay,
-                desc=f"ensemble member {m + 1}/{cfg.members}",
+                desc=f"ensemble member {m + 1}/{cfg.members}", select=cfg.select,
+                class_scores=lambda h_, y_, layer=layer: layer(h_),
             )  # fmt: skip
+            self.selection_.append(training.record())
             weights.append(layer.weight.detach().cpu())
             biases.append(layer.bias.detach().cpu())
         self.weight_ = torch.stack(weights)  # (M, C, D)

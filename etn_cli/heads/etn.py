@@ -52,6 +52,7 @@ from etn_cli.heads.matrix import (
 )
 from etn_cli.heads.scalar_density import scalar_log_density, use_fused
 from etn_cli.heads.training import fit_module
+from etn_cli.heads.vector_density import vector_log_density
 from etn_cli.metrics.scores import dirichlet_scores
 
 EPS = 1e-4
@@ -79,6 +80,7 @@ class ETNConfig(HeadConfig):
     b_init: float = 1.0
     odir_weight: float = 1.0  # matrix variant: weight of ODIR on mu (Kull et al. 2019)
     memory_limit_gib: float | None = None  # matrix variant: refuse above this (default: free RAM)
+    select: Literal["loss", "accuracy"] = "loss"  # the paper's rule for ETN (Supp.)
 
 
 class GammaNet(nn.Module):
@@ -143,7 +145,7 @@ class ETN(Head):
     label = "ETN"
     family = "evidential"
     Config = ETNConfig
-    fused_ = False  # fit with the compiled scalar objective (etn_cli.heads.scalar_density)
+    fused_ = False  # fit with the compiled objective (etn_cli.heads.scalar_density, vector_density)
 
     @property
     def is_matrix(self) -> bool:
@@ -177,17 +179,20 @@ class ETN(Head):
             check_matrix_feasible(z.shape[1], batch, cfg.mc_samples, limit, width=cfg.width)
         self._build(h.shape[1], z.shape[1])
         work = cfg.mc_samples * z.numel() * cfg.epochs
-        self.fused_ = cfg.variant == "scalar" and use_fused(device, work)
+        self.fused_ = cfg.variant in ("scalar", "vector") and use_fused(device, work)
         if cfg.standardize:
             self.net_.mean.copy_(h.mean(0))
             self.net_.std.copy_(h.std(0).clamp_min(1e-6))
         module = nn.ModuleDict({"net": self.net_})
         module.register_parameter("b_raw", self.b_raw_)
-        self.history_ = fit_module(  # the mean adaptation loss per epoch
+        training = fit_module(
             module, self.loss, (h, z, y), epochs=cfg.epochs, batch_size=cfg.batch_size,
             lr=cfg.lr, seed=cfg.seed, device=device, schedule=cfg.schedule,
-            warmup_fraction=cfg.warmup_fraction, desc="etn",
+            warmup_fraction=cfg.warmup_fraction, desc="etn", select=cfg.select,
+            class_scores=self.class_scores,
         )  # fmt: skip
+        self.history_ = training.losses  # the mean adaptation loss per epoch
+        self.selection_ = training.record()
         self.net_.cpu()
         self.b_raw_ = module.b_raw.cpu()
 
@@ -211,10 +216,22 @@ class ETN(Head):
                 density = scalar_log_density(a, z, self.b_, y, cfg.nu, fused=self.fused_)
                 nll = -density.mean(0)  # (B,)
                 return nll + cfg.kl_weight * kl
-            alpha = evidence(a * z, self.b_)  # (M, B, C)
-            penalty = 0.0
+            density = vector_log_density(a, z, self.b_, y, cfg.nu, fused=self.fused_)  # (M, B)
+            return -density.mean(0) + cfg.kl_weight * kl
         nll = -expected_dirichlet_log_density(alpha, y, cfg.nu).mean(0)  # (B,)
         return nll + cfg.kl_weight * kl + penalty
+
+    def class_scores(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Scores whose argmax is the predicted class (B, C), for ``select = "accuracy"``: the
+        logits for the scalar variant (its argmax never changes), else the Dirichlet of the
+        mean transformation (Gamma means ``k / r``; the matrix mean ``mu``)."""
+        if self.config.variant == "scalar":
+            return z
+        if self.is_matrix:
+            mu = apply_softplus_diagonal(self.net_(h)[0])  # (B, C, C)
+            return evidence(transform_logits(mu.unsqueeze(0), z)[0], self.b_)
+        shape, rate = self.net_(h)  # (B, C)
+        return evidence(shape / rate * z, self.b_)
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001

@@ -18,6 +18,7 @@ adaptation loss (the paper keeps the most accurate one for baselines).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -42,6 +43,7 @@ class MapEDLConfig(HeadConfig):
     lr: float = 1e-3
     weight_decay: float = 0.0
     b_init: float = 1.0
+    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
     def __post_init__(self) -> None:
         require_positive("map_edl", batch_size=self.batch_size, lr=self.lr, b_init=self.b_init)
@@ -83,10 +85,11 @@ class MapEDL(Head):
         def loss(h_: torch.Tensor, y_: torch.Tensor) -> torch.Tensor:
             return dirichlet_kl_to_target(self.module_(h_), y_, cfg.nu)
 
-        fit_module(
+        self.selection_ = fit_module(
             self.module_, loss, (h, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
             seed=cfg.seed, device=device, weight_decay=cfg.weight_decay, desc="map_edl",
-        )  # fmt: skip
+            select=cfg.select, class_scores=lambda h_, y_: self.module_(h_),
+        ).record()  # fmt: skip
         self.module_.cpu()
 
     @torch.no_grad()

@@ -50,6 +50,7 @@ class SNGPConfig(HeadConfig):
     epochs: int = 100
     batch_size: int = 128
     lr: float = 1e-2
+    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
     def __post_init__(self) -> None:
         if self.random_features < 1 or self.length_scale <= 0 or self.ridge <= 0:
@@ -120,10 +121,11 @@ class SNGP(Head):
             prior = cfg.ridge * beta.weight.pow(2).sum() / (2 * len(phi))
             return F.cross_entropy(beta(phi_), y_, reduction="none") + prior
 
-        fit_module(
+        self.selection_ = fit_module(
             beta, loss, (phi, y), epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-            seed=cfg.seed, device=device, desc="sngp",
-        )  # fmt: skip
+            seed=cfg.seed, device=device, desc="sngp", select=cfg.select,
+            class_scores=lambda phi_, y_: beta(phi_),
+        ).record()  # fmt: skip
         self.gp_.cpu()
         self.covariance_ = self.posterior_covariance(phi.double())
 

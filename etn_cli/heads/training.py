@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -16,6 +18,36 @@ def progress(iterable, desc: str, total: int | None = None):  # noqa: ANN001, AN
     from etn_cli.progress import bar
 
     return bar(iterable, desc, total)
+
+
+EVAL_ROWS = 1024  # rows per forward pass when an epoch's adaptation accuracy is measured
+
+
+@dataclass
+class Training:
+    """What :func:`fit_module` did: per-epoch mean adaptation losses, the adaptation accuracy
+    after each epoch (measured only when the rule needs it), the rule and the kept epoch
+    (1-based)."""
+
+    select: str
+    losses: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)
+    epoch: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """The provenance of the kept checkpoint, for ``head.json`` and ``train.json``."""
+        kept = {"select": self.select, "epoch": self.epoch, "epochs": len(self.losses)}
+        kept["loss"] = self.losses[self.epoch - 1] if self.epoch else None
+        if self.accuracies:
+            kept["accuracy"] = self.accuracies[self.epoch - 1]
+        return kept
+
+    def rank(self) -> tuple[float, ...]:
+        """The latest epoch's sort key, lower is better: the loss, or the accuracy with the
+        loss breaking ties (a head that never changes the argmax then keeps its best loss)."""
+        if self.select == "accuracy":
+            return (-self.accuracies[-1], self.losses[-1])
+        return (self.losses[-1],)
 
 
 def fit_module(
@@ -32,13 +64,24 @@ def fit_module(
     schedule: str = "constant",
     warmup_fraction: float = 0.0,
     desc: str = "train",
-) -> list[float]:
-    """Adam over shuffled minibatches; keeps the epoch with the lowest mean adaptation loss.
+    select: str = "loss",
+    class_scores: Callable[..., torch.Tensor] | None = None,
+) -> Training:
+    """Adam over shuffled minibatches; keeps the best epoch by the rule ``select``.
 
-    ``loss_fn(*batch)`` returns per-sample losses (B,). ``schedule`` is ``constant`` or
-    ``cosine`` (with linear warm-up over ``warmup_fraction`` of the steps, as the paper uses for
-    LLMs). Returns the per-epoch mean losses; the module ends with its best epoch's weights.
+    ``loss_fn(*batch)`` returns per-sample losses (B,); the last tensor holds the labels.
+    ``select = "loss"`` keeps the epoch with the lowest mean adaptation loss (the paper's rule
+    for ETN), ``"accuracy"`` the one whose weights classify the adaptation set best after the
+    epoch (the paper's rule for the post-hoc baselines, Supp. "Experimental Setting"), ties
+    going to the lower loss; it needs ``class_scores(*batch)`` (B, C), whose argmax is the
+    predicted class, and only then is the adaptation set evaluated. ``schedule`` is
+    ``constant`` or ``cosine`` (with linear warm-up over ``warmup_fraction`` of the steps, as
+    the paper uses for LLMs). The module ends with its kept epoch's weights.
     """
+    if select not in ("loss", "accuracy"):
+        raise EtnError(f"{desc}: select must be 'loss' or 'accuracy', got {select!r}.")
+    if select == "accuracy" and class_scores is None:
+        raise EtnError(f"{desc}: select = 'accuracy' needs the head's class scores.")
     module.to(device)
     data = tuple(t.to(device) for t in tensors)
     n = len(data[0])
@@ -48,8 +91,8 @@ def fit_module(
         optimizer, lr_lambda(schedule, steps, warmup_fraction)
     )
     generator = torch.Generator().manual_seed(seed)
-    history: list[float] = []
-    best = (math.inf, copy.deepcopy(module.state_dict()))
+    training = Training(select)
+    best: tuple[tuple[float, ...], dict] = ((math.inf,), copy.deepcopy(module.state_dict()))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for _ in progress(range(epochs), desc):
@@ -62,16 +105,37 @@ def fit_module(
                 optimizer.step()
                 scheduler.step()
                 total += loss.detach().sum()
-            history.append(total.item() / n)
-            if not math.isfinite(history[-1]):
+            training.losses.append(total.item() / n)
+            if not math.isfinite(training.losses[-1]):
                 raise EtnError(
-                    f"{desc}: the loss became {history[-1]} in epoch {len(history)}. "
-                    "Lower the learning rate or check the features for extreme values."
+                    f"{desc}: the loss became {training.losses[-1]} in epoch "
+                    f"{len(training.losses)}. Lower the learning rate or check the features "
+                    "for extreme values."
                 )
-            if history[-1] < best[0]:
-                best = (history[-1], copy.deepcopy(module.state_dict()))
+            if select == "accuracy":
+                training.accuracies.append(accuracy(module, class_scores, data))
+            if training.rank() < best[0]:
+                best = (training.rank(), copy.deepcopy(module.state_dict()))
+                training.epoch = len(training.losses)
     module.load_state_dict(best[1])
-    return history
+    return training
+
+
+@torch.no_grad()
+def accuracy(
+    module: torch.nn.Module, class_scores: Callable[..., torch.Tensor], data: tuple
+) -> float:
+    """The fraction of the adaptation rows whose ``class_scores`` argmax is the label, with the
+    module in evaluation mode (no dropout)."""
+    was_training = module.training
+    module.eval()
+    correct = torch.zeros((), dtype=torch.int64, device=data[-1].device)
+    with torch.random.fork_rng(devices=[]):  # measuring never moves the training's draws
+        for start in range(0, len(data[-1]), EVAL_ROWS):
+            batch = tuple(t[start : start + EVAL_ROWS] for t in data)
+            correct += (class_scores(*batch).argmax(-1) == batch[-1]).sum()
+    module.train(was_training)
+    return correct.item() / len(data[-1])
 
 
 def lr_lambda(schedule: str, steps: int, warmup_fraction: float) -> Callable[[int], float]:

@@ -123,6 +123,7 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
         "key": unit.key,
         "config": config_dict(unit.head.config),
         "calibration": unit.head.calibration_,  # the fitted temperature, when calibrated
+        "selection": unit.head.selection_,  # trained heads: the rule and the epoch it kept
         "adapt_features": str(plan.fit_unit(unit.head).path),
         "adapt_key": adapt.key,
         "adapt_rows": len(adapt.labels),
