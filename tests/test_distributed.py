@@ -199,7 +199,12 @@ def test_a_killed_torchrun_resumes_and_its_run_equals_a_single_process_run(
     script.write_text(KILL_RANK_1_AFTER_4_PIECES)
     killed = torchrun("extract", pipeline, "--data-dir", data, script=script)
     assert killed.returncode != 0
-    assert "lost contact with the other ranks" in killed.stderr  # rank 0's line, not a hang
+    # Not a hang: rank 0 says it lost contact, unless torchrun's agent, seeing rank 1 killed,
+    # stopped rank 0 before it noticed (a race that a loaded machine sometimes loses).
+    assert (
+        "lost contact with the other ranks" in killed.stderr
+        or "Signal 9 (SIGKILL) received" in killed.stderr
+    ), killed.stderr[-2000:]
     assert list(split_dirs(data)) == ["digits.adapt-"]  # rank 1 died inside the test split
     pieces = next(data.glob("features/*/digits.test-*.partial-ranks"))
     test = pieces.with_name(pieces.name.removesuffix(".partial-ranks"))
