@@ -170,3 +170,28 @@ def test_runtime_column_adds_the_backbone_passes_to_the_head_time(metrics):
 
 def test_runtime_column_is_absent_without_timing_columns(metrics):
     assert "Runtime ms" not in paper_table(summarize(metrics)).columns
+
+
+def test_methods_sharing_a_colour_get_clearly_different_markers():
+    from etn_cli.report.plots import MARKERS, method_styles
+
+    assert not {"h", "H", "8", "p"} & set(MARKERS)  # circle-like shapes beside "o"
+    styles = method_styles([f"m{i}" for i in range(40)])
+    pairs = {(s["color"], s["marker"]) for s in styles.values()}
+    assert len(pairs) == 40
+    for color in {s["color"] for s in styles.values()}:
+        markers = [s["marker"] for s in styles.values() if s["color"] == color]
+        assert len(set(markers)) == len(markers), (color, markers)
+
+
+def test_points_sharing_an_accuracy_are_spread_sideways_deterministically():
+    from etn_cli.report.plots import spread
+
+    x = np.array([97.5] * 6 + [98.0])
+    y = np.array([88.9, 88.9, 88.9, 91.0, 70.0, 88.95, 88.9])
+    offsets = spread(x, y, width=0.02, height=0.5)
+    assert offsets[6] == 0.0  # an accuracy of its own stays put
+    assert offsets[4] == 0.0 and offsets[3] == 0.0  # alone at their height
+    close = offsets[[0, 1, 2, 5]]
+    assert len(set(np.round(close, 6))) == 4 and np.abs(close).max() <= 0.04 + 1e-9
+    assert np.array_equal(offsets, spread(x, y, width=0.02, height=0.5))

@@ -87,15 +87,18 @@ def _save(figure, folder: Path, stem: str) -> list[Path]:  # noqa: ANN001
     return paths
 
 
-# Okabe & Ito's colour-blind-safe palette, crossed with markers so 15+ methods stay apart.
-# (its yellow swapped for grey, which reads on white).
+# Okabe & Ito's colour-blind-safe palette (its yellow swapped for grey, which reads on white),
+# crossed with markers of clearly different shapes (no circle-like hexagons or octagons, the
+# triangles apart), so 35 methods stay apart in print and for colour-blind readers.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#999999", "#000000")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+MARKERS = ("o", "^", "s", "X", "D", "v", "*", "P")
+MARKER_AREA = {"*": 110, "X": 70, "P": 70}  # thin shapes drawn larger to weigh as much ink
 
 
 def method_styles(labels: list[str]) -> dict[str, dict[str, Any]]:
-    """A distinct (colour, marker) per label: colour cycles fastest, markers change every
-    8 methods, so no two of up to 80 methods share both."""
+    """A distinct (colour, marker) per label: colour cycles fastest and the marker moves on
+    by one per method and one more per round of colours, so the methods sharing a colour
+    (every 8th) get consecutive, clearly different shapes; no two of 64 share both."""
     return {
         label: {
             "color": PALETTE[i % len(PALETTE)],
@@ -103,6 +106,27 @@ def method_styles(labels: list[str]) -> dict[str, dict[str, Any]]:
         }
         for i, label in enumerate(labels)
     }
+
+
+def spread(x: np.ndarray, y: np.ndarray, width: float, height: float) -> np.ndarray:
+    """Sideways offsets (in x units) that keep points sharing an x value apart, beeswarm style:
+    in order of ``y``, each point of a shared x takes the nearest free slot (0, +w, -w, +2w,
+    ...), a slot being taken by a point of that x less than ``height`` away in y. Points with
+    an x of their own stay where they are. Deterministic: the same data, the same plot."""
+    offsets = np.zeros(len(x))
+    for value in np.unique(x):
+        members = np.flatnonzero(x == value)
+        if len(members) < 2:
+            continue
+        placed: list[tuple[float, float]] = []  # (slot, y)
+        for i in members[np.argsort(y[members], kind="stable")]:
+            for k in range(len(members)):
+                slot = (k + 1) // 2 * (1 if k % 2 else -1) * width
+                if all(abs(slot - s) > width / 2 or abs(y[i] - v) >= height for s, v in placed):
+                    break
+            placed.append((slot, y[i]))
+            offsets[i] = slot
+    return offsets
 
 
 def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
@@ -149,24 +173,45 @@ def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[
 
     lower_better = metric.startswith("fpr")
     styles = method_styles(points["method_label"].to_list())
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True, layout="constrained")
+    below = len(styles) > 20  # the legend goes under the panels, in columns
+    height = 4.4 + (0.17 * -(-len(styles) // 4) + 0.3 if below else 0)
+    fig, axes = plt.subplots(1, 2, figsize=(11, height), sharey=True, layout="constrained")
     for ax, column, xlabel in (
         (axes[0], "acc", "ID accuracy (%)"),
         (axes[1], "runtime_ms", "inference time per sample (ms, median over seeds)"),
     ):
         rows = points.filter(pl.col(column).is_not_null() & (pl.col(column) > 0))
         scale = 100.0 if column == "acc" else 1.0
-        for label, y, x in rows.select("method_label", "quality", column).iter_rows():
-            ax.scatter(scale * x, 100 * y, s=50, label=label, edgecolors="white", **styles[label])
-        values = rows[column].to_numpy() * scale
-        if column == "runtime_ms" and len(values) and values.max() / values.min() > 10:
+        labels = rows["method_label"].to_list()
+        x = rows[column].to_numpy() * scale
+        y = rows["quality"].to_numpy() * 100
+        if column == "acc" and len(x):  # post-hoc scores of one classifier share its accuracy
+            x = np.round(x, 6)
+            width = 0.012 * max(float(np.ptp(x)), 0.5)  # about half a marker
+            height = 0.03 * max(float(np.ptp(y)), 1.0)
+            values, counts = np.unique(x, return_counts=True)
+            for value in values[counts > 2]:  # the accuracy they share, under the spread
+                ax.axvline(value, color="#999999", linewidth=0.8, linestyle=":", zorder=1)
+            if (counts > 2).any():
+                xlabel += "\n(dotted: an accuracy several methods share, spread sideways)"
+            x = x + spread(x, y, width, height)
+        for label, xi, yi in zip(labels, x, y, strict=True):
+            style = styles[label]
+            ax.scatter(
+                xi, yi, s=MARKER_AREA.get(style["marker"], 55), label=label,
+                edgecolors="white", linewidths=0.6, zorder=3, **style,
+            )  # fmt: skip
+        if column == "runtime_ms" and len(x) and x.max() / x.min() > 10:
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     better = "lower is better" if lower_better else "higher is better"
     axes[0].set_ylabel(f"OOD {metric.upper()} (%), {ood_set}\nbest score per method, {better}")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    if not below:  # one column beside the panels
+        fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
+    else:  # many methods: columns under the panels, read row by row
+        fig.legend(handles, labels, loc="outside lower center", fontsize=8, frameon=False, ncols=4)
     fig.suptitle(f"OOD detection ({metric.upper()}) against accuracy and inference time")
     return _save(fig, folder, f"frontier-{metric}")
 

@@ -26,8 +26,9 @@ from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
 # 3: one frontier file per metric, colour-blind palette; 5: sweep plots keep a colour per score,
-# swept values as ticks; 6: reliability diagrams
-PLOTS_VERSION = 6
+# swept values as ticks; 6: reliability diagrams; 7: distinct marker shapes, methods sharing
+# an accuracy spread sideways
+PLOTS_VERSION = 7
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"
