@@ -331,6 +331,29 @@ def test_mcqa_files_in_etn_and_native_schemas_are_read(case, suffix, tmp_path):
     }
 
 
+def test_a_csv_file_with_choice_columns_and_index_answers_is_read(tmp_path):
+    """CSV cells are text: "1" is the index 1 (the letter B), unless the choices are labelled
+    "1", "2", ... themselves; an index beyond the choices is refused with the row."""
+    from etn_cli.datasets.mcqa_files import answer_index
+
+    folder = tmp_path / "questions"
+    folder.mkdir()
+    (folder / "test.csv").write_text(
+        'question,A,B,C,answer\n"2 + 2?",3,4,5,1\n"1 + 1?",2,3,4,0\nWhich?,x,y,z,C\n'
+    )
+    data = datasets.get("mcqa_jsonl")(root=str(folder)).load_split("test.csv")
+    assert [(q.question, q.choices, q.answer) for q in data.data.questions] == [
+        ("2 + 2?", ("3", "4", "5"), 1),
+        ("1 + 1?", ("2", "3", "4"), 0),
+        ("Which?", ("x", "y", "z"), 2),
+    ]
+    assert data.num_classes == 3 and np.array_equal(data.index, [0, 1, 2])
+    assert answer_index("1", ["1", "2", "3", "4"], 4, "here") == 0  # a label before an index
+    (folder / "bad.csv").write_text("question,A,B,C,answer\nq,1,2,3,3\n")
+    with pytest.raises(EtnError, match=r"bad.csv:2: answer '3' is not one of the letters A, B, C"):
+        datasets.get("mcqa_jsonl")(root=str(folder)).load_split("bad.csv")
+
+
 def test_race_articles_expand_and_dev_files_serve_as_validation(tmp_path):
     article = {
         "id": "middle1.txt",

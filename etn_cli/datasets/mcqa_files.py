@@ -5,12 +5,13 @@ One record is one question in etn's schema::
     {"question": "...", "choices": ["...", "...", "...", "..."], "answer": "B",
      "context": "optional passage", "id": "optional"}
 
-``answer`` is a letter (A, B, ...) or a 0-based index. The native field names of the sources
-are read too: RACE (``article``, ``options``, ``answer``, ``example_id``; an original per-article
-record with ``questions`` / ``options`` / ``answers`` lists becomes one question each),
-OpenBookQA (``question_stem``, ``choices = {"text": [...], "label": [...]}``, ``answerKey``; the
-original release's ``question = {"stem", "choices": [{"text", "label"}]}``) and MMLU
-(``question``, ``choices``, integer ``answer``; the original header-less CSV rows
+``answer`` is a letter (A, B, ...) or a 0-based index (also as text, as a CSV cell holds it).
+The native field names of the sources are read too: RACE (``article``, ``options``,
+``answer``, ``example_id``; an original per-article record with ``questions`` / ``options`` /
+``answers`` lists becomes one question each), OpenBookQA (``question_stem``, ``choices =
+{"text": [...], "label": [...]}``, ``answerKey``; the original release's ``question =
+{"stem", "choices": [{"text", "label"}]}``) and MMLU (``question``, ``choices``, integer
+``answer``; the original header-less CSV rows
 ``question, A, B, C, D, answer``).
 """
 
@@ -169,7 +170,8 @@ def _choices(value: Any, where: str) -> tuple[tuple[str, ...], list[str] | None]
 
 
 def answer_index(value: Any, labels: list[str] | None, count: int, where: str) -> int:
-    """The 0-based index of the answer given as a letter, a choice label or an index."""
+    """The 0-based index of the answer given as a letter, a choice label or an index; an
+    index may be written as text (a CSV cell: ``"0"``) unless that text is a choice label."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < count:
         return value
     if isinstance(value, str):
@@ -177,6 +179,8 @@ def answer_index(value: Any, labels: list[str] | None, count: int, where: str) -
         names = [str(label) for label in labels] if labels else list(LETTERS[:count])
         if key in names:
             return names.index(key)
+        if key.isascii() and key.isdigit() and int(key) < count:
+            return int(key)
     raise EtnError(
         f"{where}: answer {value!r} is not one of the letters {', '.join(LETTERS[:count])} or "
         f"an index 0..{count - 1}. {FIX}"
