@@ -10,16 +10,30 @@ from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer
 from etn_cli.heads.scorers.neighbours import normalise
 from etn_cli.heads.scorers.statistics import (
+    between_class_scatter,
     class_means,
-    covariance,
     precision,
+    second_moment,
     squared_distances,
     tied_covariance,
+    whitened_means,
 )
 
 
+class Whitened:
+    """Caches :func:`whitened_means` of the fitted (or restored) state for the row blocks
+    that score calls, keyed by the state tensors themselves."""
+
+    def whitened(self, means: torch.Tensor, prec: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cache = self.__dict__.setdefault("whitened_cache", {})
+        key = (id(means), id(prec))
+        if key not in cache or cache[key][0] is not means or cache[key][1] is not prec:
+            cache[key] = (means, prec, whitened_means(means, prec))
+        return cache[key][2]
+
+
 @heads.register("mahalanobis_pp")
-class MahalanobisPP(Scorer):
+class MahalanobisPP(Whitened, Scorer):
     """Mahalanobis++ (Mueller & Hein, "Mahalanobis++: Improving OOD Detection via Feature
     Normalization", ICML 2025): the Mahalanobis score on L2-normalised features,
     ``z = h / ||h||``; class means and one tied covariance of the normalised ID features,
@@ -36,15 +50,19 @@ class MahalanobisPP(Scorer):
         self.precision_ = precision(tied_covariance(unit, y, self.means_))
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return -squared_distances(normalise(h), self.means_, self.precision_).min(1).values
+        parts = self.whitened(self.means_, self.precision_)
+        unit = normalise(h)
+        return -squared_distances(unit, self.means_, self.precision_, parts).min(1).values
 
 
 @heads.register("rmds")
-class RMDS(Scorer):
+class RMDS(Whitened, Scorer):
     """Relative Mahalanobis distance (Ren et al., "A Simple Fix to Mahalanobis Distance for
     Improving Near-OOD Detection", arXiv 2021): ``MD_c`` with class means and a tied
     covariance, ``MD_0`` with one Gaussian (mean and covariance) of all ID features;
-    ``rmds = -min_c (MD_c(h) - MD_0(h))``, higher = more ID."""
+    ``rmds = -min_c (MD_c(h) - MD_0(h))``, higher = more ID. One pass over the rows: the
+    covariance of all rows is the within-class scatter plus the between-class scatter of the
+    class means, divided by N."""
 
     name = "rmds"
     label = "RMDS"
@@ -53,11 +71,16 @@ class RMDS(Scorer):
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
         self.means_ = class_means(h, y, z.shape[1], "RMDS")
-        self.precision_ = precision(tied_covariance(h, y, self.means_))
-        mean, cov = covariance(h)
-        self.background_mean_, self.background_precision_ = mean[None], precision(cov)
+        within = second_moment(h, self.means_, y)
+        counts = torch.bincount(y, minlength=z.shape[1])
+        mean, between = between_class_scatter(self.means_, counts)
+        self.precision_ = precision(within / len(h))
+        self.background_mean_ = mean[None]
+        self.background_precision_ = precision((within + between) / len(h))
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        md = squared_distances(h, self.means_, self.precision_)  # (N, C)
-        md0 = squared_distances(h, self.background_mean_, self.background_precision_)  # (N, 1)
+        parts = self.whitened(self.means_, self.precision_)
+        md = squared_distances(h, self.means_, self.precision_, parts)  # (N, C)
+        mean, prec = self.background_mean_, self.background_precision_
+        md0 = squared_distances(h, mean, prec, self.whitened(mean, prec))  # (N, 1)
         return -(md - md0).min(1).values

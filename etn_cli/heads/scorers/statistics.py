@@ -80,10 +80,54 @@ def min_norm_solution(weight: torch.Tensor, target: torch.Tensor) -> torch.Tenso
     return weight.T @ (precision(weight @ weight.T) @ target.double())
 
 
-def squared_distances(h: torch.Tensor, means: torch.Tensor, prec: torch.Tensor) -> torch.Tensor:
-    """``(h - mu_c)^T P (h - mu_c)`` for every row and class (N, C), expanded so that only
-    (N, D) and (N, C) tensors are built; float64."""
-    h = h.double()
-    hp = h @ prec  # (N, D)
-    mp = means @ prec  # (C, D)
-    return (hp * h).sum(1, keepdim=True) - 2 * hp @ means.T + (mp * means).sum(1)
+def between_class_scatter(means: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Overall mean (D,) and ``sum_c n_c (mu_c - mu)(mu_c - mu)^T`` (D, D) of class means
+    (C, D) with row counts (C,), float64: with the within-class scatter
+    (:func:`second_moment` about the class means) it gives the covariance of all rows,
+    ``(S_within + S_between) / N``, without a second pass over the rows."""
+    counts = counts.double()
+    mean = (counts[:, None] * means).sum(0) / counts.sum()
+    centred = means - mean
+    return mean, (centred * counts[:, None]).T @ centred
+
+
+def whitener(prec: torch.Tensor) -> torch.Tensor:
+    """``G`` (D, r) with ``G G^T = prec``, so that ``x^T prec x = ||x G||^2``: the Cholesky
+    factor of a positive definite precision, else ``V sqrt(lambda)`` over its positive
+    eigenvalues (a pseudo-inverse's range); float64."""
+    factor, info = torch.linalg.cholesky_ex(prec.double())
+    if int(info) == 0:
+        return factor
+    values, vectors = torch.linalg.eigh(prec.double())
+    keep = values > values.abs().max() * len(values) * torch.finfo(values.dtype).eps
+    return vectors[:, keep] * values[keep].sqrt()
+
+
+def whitened_means(means: torch.Tensor, prec: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What :func:`squared_distances` needs from the fitted state, computed once: the centre
+    ``c`` (the mean of the class means, D), the whitener ``G`` (D, r) in float32, the whitened
+    means ``(mu_c - c) G`` (C, r) in float32 and their squared norms (C,) in float64."""
+    means = means.double()
+    centre = means.mean(0)
+    g = whitener(prec)
+    moved = (means - centre) @ g
+    return centre.float(), g.float(), moved.float(), moved.square().sum(1)
+
+
+def squared_distances(
+    h: torch.Tensor,
+    means: torch.Tensor,
+    prec: torch.Tensor,
+    parts: tuple[torch.Tensor, ...] | None = None,
+) -> torch.Tensor:
+    """``(h - mu_c)^T P (h - mu_c)`` for every row and class (N, C) in float64, with only
+    (N, D) and (N, C) tensors built: ``||w||^2 - 2 w . m_c + ||m_c||^2`` with the whitened
+    rows ``w = (h - c) G`` and means ``m_c = (mu_c - c) G`` (``G G^T = P``,
+    :func:`whitened_means`; pass its result as ``parts`` to reuse it). The two products are
+    float32, as the float32 features they read (each loses no more than their own rounding:
+    the rows are centred and whitened first, so no large terms cancel); norms and sums are
+    float64."""
+    centre, g, moved, moved_sq = whitened_means(means, prec) if parts is None else parts
+    w = (h.float() - centre) @ g  # (N, r)
+    cross = (w @ moved.T).double()  # (N, C)
+    return w.double().square().sum(1, keepdim=True) - 2 * cross + moved_sq

@@ -17,7 +17,7 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
-from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.base import SCORE_ROWS, Scorer
 from etn_cli.heads.scorers.statistics import (
     min_norm_solution,
     second_moment,
@@ -59,9 +59,14 @@ class Subspace(Scorer):
         self.residual_basis_ = vectors[:, : h.shape[1] - d].float().contiguous()  # (D, D - d)
 
     def residual(self, h: torch.Tensor) -> torch.Tensor:
-        """``||(h - u) R||`` (N,), float64."""
-        centred = (h.double() - self.origin_).float()
-        return (centred @ self.residual_basis_).double().norm(dim=1)
+        """``||(h - u) R||`` (N,): the float32 product of float32 centred rows (as the
+        features), its norm in float64, in blocks of rows."""
+        origin = self.origin_.float()
+        parts = [
+            ((h[s : s + SCORE_ROWS].float() - origin) @ self.residual_basis_).double().norm(dim=1)
+            for s in range(0, len(h), SCORE_ROWS)
+        ]
+        return torch.cat(parts)
 
 
 @heads.register("vim")
