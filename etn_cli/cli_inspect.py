@@ -50,8 +50,9 @@ def report(
 ) -> None:
     """Print the results table of pipelines or metrics files and write tables and plots.
 
-    Tables, results.json and plots go to <data-dir>/reports/<pipeline>/ (their paths on
-    stderr); the table in the chosen format goes to stdout. Nothing is trained or scored."""
+    Tables, results.json and plots go to <data-dir>/reports/<pipeline>/ (with --set or
+    --only: <pipeline>+<8 hex of them>/; their paths on stderr); the table in the chosen
+    format goes to stdout. Nothing is trained or scored."""
     from etn_cli.report.views import check_metric
     from etn_cli.stages.report import report as run_report
     from etn_cli.stages.report import report_files

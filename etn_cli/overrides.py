@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import EtnError
+from etn_cli.store.fingerprint import fingerprint_key
 
 
 def parse_value(text: str) -> Any:
@@ -98,3 +99,21 @@ def keep_heads(raw: dict[str, Any], only: tuple[str, ...], path: Path) -> dict[s
                 kept.append(entry)
     order = [e for e in raw.get("heads", []) if any(e is k for k in kept)]
     return {**raw, "heads": order}
+
+
+def selection(overrides: tuple[str, ...], only: tuple[str, ...]) -> dict[str, list[str]]:
+    """The command line's change to a pipeline, normalised: sorted ``KEY=VALUE`` overrides
+    (spaces around ``=`` dropped) and sorted ``--only`` names; empty lists for the plain file."""
+    normal = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        normal.append(f"{key.strip()}={value.strip()}")
+    return {"set": sorted(normal), "only": sorted(set(only))}
+
+
+def selection_key(overrides: tuple[str, ...], only: tuple[str, ...]) -> str | None:
+    """8 hex digits naming a ``--set`` / ``--only`` selection (the order of the options does
+    not matter); None for the pipeline file as written."""
+    if not overrides and not only:
+        return None
+    return fingerprint_key(selection(overrides, only), 8)

@@ -23,6 +23,7 @@ zero) on ``split`` of the ID dataset, every other key being a setting the backbo
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import itertools
 import os
@@ -167,6 +168,10 @@ class Pipeline:
     features: FeaturesSpec | None = None
     finetune: FinetuneSpec | None = None
     device: str = "auto"
+    # what the command line changed: ``--set KEY=VALUE`` overrides and ``--only`` heads; a
+    # run with either reports into its own folder (:func:`etn_cli.overrides.selection_key`)
+    overrides: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
 
     def resolve(self, path: str) -> Path:
         """A path from the pipeline file, relative to the file's folder unless absolute."""
@@ -209,7 +214,8 @@ def load_pipeline(
     except UnicodeDecodeError:
         raise EtnError(f"{path} is not a text file. Pass a pipeline .toml file.") from None
     raw = keep_heads(apply_overrides(raw, overrides, path), only, path)
-    return parse_pipeline(raw, path)
+    parsed = parse_pipeline(raw, path)
+    return dataclasses.replace(parsed, overrides=tuple(overrides), only=tuple(only))
 
 
 def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:

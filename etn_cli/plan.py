@@ -11,7 +11,8 @@ gives a new key, and a rerun finds the finished units and skips them.
 <data>/features/<backbone>-<key>/<dataset>.<split>-<key>/   manifest.json + shard-*.h5
 <data>/heads/<head>-<key>/                         head.json, weights.safetensors, train.json
 <data>/metrics/<pipeline>/<head>-<key>.parquet     long-format metrics of one head
-<data>/reports/<pipeline>/                         table.md, table.csv, table.tex
+<data>/reports/<pipeline>/                         tables, results.json, plots
+<data>/reports/<pipeline>+<8 hex>/                 the same for a --set / --only selection
 ```
 """
 

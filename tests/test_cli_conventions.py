@@ -270,6 +270,32 @@ def test_overrides_are_recorded_in_the_head_provenance(finished, tmp_path: Path)
     assert len(two) == 2 and "--set heads.etn.epochs=2" in two[0]["provenance"]["command"]
 
 
+def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:  # noqa: ANN001
+    from etn_cli.overrides import selection_key
+
+    pipeline, data, _ = finished
+    full = data / "reports" / "conv" / "results.json"
+    etn("report", pipeline, "-d", data)
+    before = full.read_bytes()
+    done = etn("run", pipeline, "-d", data, "--only", "map", "-f", "json")
+    assert done.returncode == 0, done.stderr
+    folder = data / "reports" / f"conv+{selection_key((), ('map',))}"
+    assert f"report: {folder}" in done.stderr
+    assert full.read_bytes() == before  # the whole pipeline's report is left alone
+    subset = json.loads((folder / "results.json").read_text())
+    assert subset["selection"] == {"set": [], "only": ["map"]}
+    assert len(subset["metrics_keys"]) == 1 and {r["method"] for r in subset["results"]} == {"map"}
+    assert json.loads(before)["selection"] == {"set": [], "only": []}
+    again = etn("report", pipeline, "-d", data, "--only", "map")  # the same options, same folder
+    assert again.returncode == 0 and f"wrote {folder / 'results.json'}" in again.stderr
+    assert full.read_bytes() == before
+    # the order of the options and spaces around "=" do not matter; the values do
+    one = selection_key(("seeds=[0]", "heads.etn.epochs=5"), ("etn", "map"))
+    assert one == selection_key(("heads.etn.epochs = 5", "seeds=[0]"), ("map", "etn"))
+    assert one != selection_key(("heads.etn.epochs=6", "seeds=[0]"), ("etn", "map"))
+    assert selection_key((), ()) is None and len(one) == 8
+
+
 def test_read_only_commands_create_nothing(project: Path, tmp_path: Path) -> None:
     data = tmp_path / "empty"
     status = etn("status", project / "conv.toml", "-d", data)

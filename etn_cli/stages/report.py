@@ -1,8 +1,10 @@
 """Stage 4: join a pipeline's metrics files into results tables, ``results.json`` and plots.
 
-Everything lands in ``<data>/reports/<pipeline>/``: the summary table and the paper's AUPR
-table (plus the ``--metric`` one) as text, Markdown, CSV and LaTeX; ``results.json``, the long
-summary a program reads; and the figures (one file per plot kind and metric, PNG and PDF).
+Everything lands in ``<data>/reports/<pipeline>/`` (``<pipeline>+<8 hex>/`` for a run with
+``--set`` or ``--only``, whose selection ``results.json`` records): the summary table and the
+paper's AUPR table (plus the ``--metric`` one) as text, Markdown, CSV and LaTeX;
+``results.json``, the long summary a program reads; and the figures (one file per plot kind
+and metric, PNG and PDF).
 Figures a run no longer draws are removed, so the folder never shows stale results.
 """
 
@@ -15,6 +17,7 @@ import polars as pl
 
 from etn_cli.errors import EtnError
 from etn_cli.metrics.reliability import RELIABILITY_METRICS
+from etn_cli.overrides import selection, selection_key
 from etn_cli.plan import Plan
 from etn_cli.provenance import etn_version, now
 from etn_cli.report.plots import frontier_plot, sweep_plots
@@ -113,6 +116,7 @@ def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tupl
             written.append(path)
     extra = {
         "pipeline_file": str(plan.pipeline.path),
+        "selection": selection(plan.pipeline.overrides, plan.pipeline.only),
         "metrics_keys": [u.key for u in plan.metrics],
     }
     atomic_write_text(folder / "results.json", results_json(summary, extra))
@@ -182,8 +186,12 @@ def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
 
 
 def report_folder(plan: Plan) -> Path:
-    """Where a pipeline's tables and plots go: ``<data>/reports/<pipeline>/``."""
-    return plan.data_dir / "reports" / plan.pipeline.name
+    """Where a pipeline's tables and plots go: ``<data>/reports/<pipeline>/``, or for a run
+    with ``--set`` or ``--only`` ``<data>/reports/<pipeline>+<8 hex of the selection>/``, so
+    a subset or an override never overwrites the full pipeline's report."""
+    key = selection_key(plan.pipeline.overrides, plan.pipeline.only)
+    name = plan.pipeline.name if key is None else f"{plan.pipeline.name}+{key}"
+    return plan.data_dir / "reports" / name
 
 
 def report_files(paths: list[Path], *, fmt: str = "table", metric: str | None = None) -> str:
