@@ -142,3 +142,38 @@ def test_gradnorm_on_the_last_layer_weights(data, tensors):
     model = tensors["head"]
     fitted = detector.GradNorm(model, param_filter=lambda name: name == "weight")
     assert_same_ranking(ours("gradnorm", data), fitted.predict(tensors["h_test"]), data.is_id)
+
+
+def test_vra_where_the_two_conventions_coincide():
+    # pytorch-ood's VRA clips each unit between its own lower and upper ID quantiles
+    # (np.quantile per unit) and keeps the values below the lower one at that quantile; the
+    # paper's VRA (ours) thresholds with percentiles of all ID activations pooled and sets
+    # the values below alpha to zero. They coincide when every unit has the same ID values
+    # (per-unit quantile = pooled percentile; here a run of equal values around the 90th
+    # percentile makes the interpolation positions irrelevant) and the lower percentile is 0
+    # of non-negative features (alpha = 0: nothing is below it, no clipping, no zeroing).
+    rng = np.random.default_rng(5)
+    dim, classes, rows = 8, 3, 100
+    values = np.sort(np.r_[0.0, rng.uniform(0.0, 2.0, 84), np.full(10, 2.5), rng.uniform(3, 5, 5)])
+    h_fit = np.stack([rng.permutation(values) for _ in range(dim)], axis=1).astype(np.float32)
+    h_test = np.maximum(rng.normal(1.5, 1.5, (60, dim)), 0.0).astype(np.float32)
+    weight = rng.normal(size=(classes, dim)).astype(np.float32)
+    bias = rng.normal(size=classes).astype(np.float32)
+    y = rng.integers(0, classes, rows)
+    classifier = {"weight": torch.from_numpy(weight), "bias": torch.from_numpy(bias)}
+    head = heads.get("vra")(lower_percentile=0, upper_percentile=90).fit(
+        h_fit, h_fit @ weight.T + bias, y, classifier=classifier
+    )
+    assert head.bounds_.tolist() == [0.0, 2.5]
+    mine = head.score(h_test, h_test @ weight.T + bias)
+    linear = torch.nn.Linear(dim, classes)
+    with torch.no_grad():
+        linear.weight.copy_(classifier["weight"])
+        linear.bias.copy_(classifier["bias"])
+    theirs = detector.VRA(None, lambda x: linear(x.flatten(1)), 0.0, 0.9).fit_feature_maps(
+        torch.from_numpy(h_fit)[:, :, None, None], torch.from_numpy(y)
+    )
+    with torch.no_grad():
+        outlier = theirs.predict_feature_maps(torch.from_numpy(h_test)[:, :, None, None])
+    np.testing.assert_allclose(mine, -outlier.double().numpy(), rtol=1e-5)
+    assert_same_ranking(mine, outlier, np.arange(60) % 2 == 0)  # any split: same ranking
