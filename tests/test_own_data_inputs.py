@@ -4,7 +4,7 @@ files, checkpoints and prompt settings.
 As in ``test_bad_inputs.py``, each case runs one ``etn`` command through the real entry point
 and checks that the message is one line on stderr naming what was expected, what was found and
 the file, that the exit status is 2, and that the data directory is unchanged (lock files
-excepted).
+included): every split's inputs are checked, and the model is loaded, before any is written.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 from llm_fixtures import make_llama, write_jsonl
 from PIL import Image
-from test_bad_inputs import Case, check_case, etn, warm_llm_cache
+from test_bad_inputs import Case, check_case, etn
 
 VISION = """name = "mine"
 seeds = [0]
@@ -65,10 +65,16 @@ def vision(tmp: Path, tree: dict | None = None, backbone: str = "", data: str = 
     return path
 
 
-def unreadable_image(tmp: Path, request: pytest.FixtureRequest) -> Path:
-    path = vision(tmp)
-    (tmp / "images" / "adapt" / "b" / "broken.png").write_bytes(b"not a png at all")
-    return path
+def unreadable_image(split: str) -> Callable[[Path, pytest.FixtureRequest], Path]:
+    """A file that is no image among ``split``'s class-b images: found before any split (the
+    adapt split is extracted first) is written."""
+
+    def setup(tmp: Path, request: pytest.FixtureRequest) -> Path:
+        path = vision(tmp)
+        (tmp / "images" / split / "b" / "broken.png").write_bytes(b"not a png at all")
+        return path
+
+    return setup
 
 
 def image_list(lines: str) -> Callable[[Path, pytest.FixtureRequest], Path]:
@@ -112,15 +118,19 @@ def question(i: int, choices: int = 4, answer: bool = True) -> dict:
     return record | ({"answer": i % choices} if answer else {})
 
 
-def questions(adapt: list[dict] | None = None, backbone: str = "") -> Callable:
+def questions(
+    adapt: list[dict] | None = None, backbone: str = "", test_lines: str | None = None
+) -> Callable:
+    """A fresh data directory and question files: ``adapt`` as records, ``test_lines`` (if
+    given) as the raw text of test.jsonl."""
+
     def setup(tmp: Path, request: pytest.FixtureRequest) -> Path:
         llama = request.getfixturevalue("llama")
-        for split in ("adapt", "test"):
-            write_jsonl(tmp / "questions" / f"{split}.jsonl", [question(i) for i in range(6)])
-        path = tmp / "questions.toml"
-        path.write_text(QUESTIONS.format(model=llama, backbone=""))
-        warm_llm_cache(path, tmp / "data")  # its file-hash memo, as an earlier run leaves it
         write_jsonl(tmp / "questions" / "adapt.jsonl", adapt or [question(i) for i in range(6)])
+        write_jsonl(tmp / "questions" / "test.jsonl", [question(i) for i in range(6)])
+        if test_lines is not None:
+            (tmp / "questions" / "test.jsonl").write_text(test_lines)
+        path = tmp / "questions.toml"
         path.write_text(QUESTIONS.format(model=llama, backbone=backbone))
         return path
 
@@ -189,7 +199,14 @@ CASES: dict[str, Case] = {
         ("images/ood holds no images", "searched recursively"),
     ),
     "an unreadable image": Case(
-        "extract", unreadable_image, ("Cannot read image", "adapt/b/broken.png", "Remove or")
+        "extract",
+        unreadable_image("adapt"),
+        ("Cannot read image", "adapt/b/broken.png (UnidentifiedImageError: not an image", "Remove"),
+    ),
+    "an unreadable image in the test split": Case(
+        "extract",
+        unreadable_image("test"),
+        ("Cannot read image", "test/b/broken.png (UnidentifiedImageError", "Remove or replace"),
     ),
     "a sub-folder that is not a class": Case(
         "extract",
@@ -249,6 +266,11 @@ CASES: dict[str, Case] = {
         "extract",
         questions([question(i, answer=i != 2) for i in range(6)]),
         ("adapt.jsonl:3: no 'answer'", "in every record"),
+    ),
+    "a line that is not JSON": Case(
+        "extract",
+        questions(test_lines=json.dumps(question(0)) + "\n{'question': 'single quotes'}\n"),
+        ("test.jsonl:2 is not valid JSON", "expected one JSON object per line"),
     ),
     "a choice line without the choice text": Case(
         "extract",

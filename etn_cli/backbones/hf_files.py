@@ -141,7 +141,13 @@ def read_model_config(location: ModelLocation, trust_remote_code: bool) -> dict[
 
 
 class HashMemo:
-    """sha256 of files, remembered by (path, size, mtime) in a JSON file of the backbone cache."""
+    """sha256 of files, remembered by (path, size, mtime) in a JSON file of the backbone cache.
+
+    Planning only reads it: :meth:`save` is called once the model has loaded, so that a run
+    refused while planning (a malformed question file, say) leaves the data directory as it
+    was. One memo per file is shared in a process (:func:`hash_memo`), so a second instance of
+    the backbone (another device) finds the hashes the first computed.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -175,12 +181,22 @@ class HashMemo:
         self.dirty = False
 
 
+_MEMOS: dict[Path, HashMemo] = {}
+
+
+def hash_memo(path: Path) -> HashMemo:
+    """The process's memo kept in ``path`` (read from it the first time)."""
+    key = Path(path).resolve()
+    if key not in _MEMOS:
+        _MEMOS[key] = HashMemo(key)
+    return _MEMOS[key]
+
+
 def folder_hashes(folder: Path, memo: HashMemo) -> dict[str, str]:
-    """sha256 of every config, tokenizer, code and weight file directly inside ``folder``."""
+    """sha256 of every config, tokenizer, code and weight file directly inside ``folder``
+    (new ones are remembered in ``memo``, written by its :meth:`HashMemo.save`)."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in HASHED_SUFFIXES)
-    hashes = {p.name: memo.sha256(p) for p in files}
-    memo.save()
-    return hashes
+    return {p.name: memo.sha256(p) for p in files}
 
 
 def check_adapter_folder(path: str | Path) -> Path:

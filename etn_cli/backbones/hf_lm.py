@@ -35,6 +35,7 @@ from etn_cli.backbones.hf_files import (
     check_adapter_folder,
     first_line,
     folder_hashes,
+    hash_memo,
     is_offline,
     load_tokenizer,
     locate_model,
@@ -164,6 +165,8 @@ class CausalLMBackbone(Backbone):
             prompt = probe_prompt(self.template, self.config.letters)
             check_letter_logits(model, self.tokenizer, prompt, self.answer_tokens.ids)
             self._model = model
+            if self.location.repo_id is None:  # the files' hashes, once the model is accepted
+                self.hash_memo().save()
         return self._model
 
     def load_base_model(self) -> Any:
@@ -198,6 +201,10 @@ class CausalLMBackbone(Backbone):
             ) from None
         return model
 
+    def hash_memo(self) -> HashMemo:
+        """The sha256 memo of local model files, saved only once the model has loaded."""
+        return hash_memo(self.cache_dir / self.name / "file-hashes.json")
+
     # ------------------------------------------------------------------ interface
     def fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:
@@ -205,8 +212,7 @@ class CausalLMBackbone(Backbone):
             if location.repo_id is not None:  # the commit names the content of the revision
                 model = {"repo_id": location.repo_id, "commit": location.commit}
             else:
-                memo = HashMemo(self.cache_dir / self.name / "file-hashes.json")
-                model = {"files": folder_hashes(location.folder, memo)}
+                model = {"files": folder_hashes(location.folder, self.hash_memo())}
             adapter = self.finetuned_dir or self.adapter_dir
             answer = self.answer_tokens
             self._fingerprint = {

@@ -168,7 +168,24 @@ class TorchvisionBackbone(Backbone):
             self.head_name, self.head = find_classifier(model, c.head_layer)
             self.layer_modules = named_layers(model, c.layers)
             self.features_module = model.get_submodule(c.features) if c.features else None
+            if self.features_module is not None:
+                self.probe_features()
         return self._model
+
+    def probe_features(self) -> None:
+        """Check ``features`` on one blank image as soon as the model is built, so that a
+        module that is not the classifier's input is refused before any split is written. A
+        blank image the model cannot take is left to the first batch to report."""
+        spec = self.transform.spec
+        size = spec.crop or spec.resize or 224
+        blank = torch.zeros(1, 3, size, size, device=self.device)
+        try:
+            with torch.inference_mode():
+                self.run(blank, with_layers=False)
+        except EtnError:
+            raise
+        except Exception:  # noqa: BLE001, S110 - the first real batch reports it
+            pass
 
     def builder_options(self) -> dict[str, Any]:
         return {} if self.config.dropout is None else {"dropout": self.config.dropout}

@@ -50,6 +50,23 @@ def subsample(split: Split, rows: int, seed: int) -> Split:
     )  # fmt: skip
 
 
+def check_inputs(split: Split) -> None:
+    """Check what can be checked of every input of ``split`` without reading it in full,
+    before anything is extracted: a dataset of image files opens every image's header
+    (``check_headers``; a file that is no image raises one line naming it). Inputs held in
+    memory or checked when listed (questions, arrays) need nothing more."""
+    from torch.utils.data import Subset
+
+    data, rows = split.data, None
+    while isinstance(data, Subset):  # a seeded sample (fit_rows) or a fixed selection
+        chosen = list(data.indices)
+        rows = chosen if rows is None else [chosen[r] for r in rows]
+        data = data.dataset
+    check = getattr(data, "check_headers", None)
+    if check is not None:
+        check(rows)
+
+
 class DatasetSource:
     """A registered dataset. Subclasses set ``splits`` and implement :meth:`load_split`."""
 

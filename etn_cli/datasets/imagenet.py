@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -108,11 +110,54 @@ class ImageFiles(Dataset):
             with open(path, "rb") as handle:
                 image = Image.open(handle).convert("RGB")
         except (UnidentifiedImageError, OSError, SyntaxError) as err:  # PIL: SyntaxError too
-            raise EtnError(
-                f"Cannot read image {path} ({type(err).__name__}: {str(err)[:80]}); expected a "
-                "readable image file. Remove or replace it, then run again."
-            ) from None
+            raise unreadable_image(path, err) from None
         return image, int(self.labels[i])
+
+    def check_headers(self, rows: Iterable[int] | None = None) -> None:
+        """Open every image's header (``rows``: those only), as PIL identifies a file without
+        decoding its pixels, so that a file that is no image stops a run before any split is
+        written; the first unreadable one raises :func:`unreadable_image`."""
+        chosen = range(len(self.files)) if rows is None else rows
+        paths = [self.folder / self.files[i] for i in chosen]
+        with ThreadPoolExecutor(max_workers=HEADER_THREADS) as pool:  # I/O bound: file opens
+            for path, err in zip(paths, pool.map(header_error, paths), strict=True):
+                if err is not None:
+                    raise unreadable_image(path, err)
+
+
+HEADER_THREADS = 8
+
+
+def header_error(path: Path) -> BaseException | None:
+    """None when PIL identifies ``path`` as an image from its header; else the error."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path):
+            return None
+    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+        return err
+
+
+def unreadable_image(path: Path, err: BaseException) -> EtnError:
+    """One line naming ``path`` once, with the error's type and its reason (PIL's messages
+    repeat the path; the reason is given without it)."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(err, UnidentifiedImageError):
+        reason = "not an image format PIL recognises"
+    elif isinstance(err, OSError) and err.strerror:
+        reason = err.strerror
+    else:
+        reason = str(err).splitlines()[0] if str(err).strip() else "no details"
+        for shown in (repr(str(path)), str(path), path.name):
+            reason = reason.replace(shown, "the file")
+        if len(reason) > 100:
+            reason = reason[:100].rsplit(" ", 1)[0] + " ..."
+    return EtnError(
+        f"Cannot read image {path} ({type(err).__name__}: {reason}); expected a readable "
+        "image file. Remove or replace it, then run again."
+    )
 
 
 @dataclass(frozen=True)

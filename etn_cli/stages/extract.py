@@ -2,6 +2,10 @@
 
 One path, whatever the number of processes (a single process is torchrun's world of one):
 
+0. before any split is claimed, rank 0 reads every split still to extract and checks its
+   inputs (every image file's header), and every process loads the model and checks the ID
+   classes against it: a bad file in the last split, weights that do not fit or a class-count
+   mismatch stop the run with nothing written, not even a lock file;
 1. rank 0 claims each split (:func:`~etn_cli.stages.extract_ranks.claim`): a finished split is
    skipped by every process; otherwise it takes the split's lock and lays out each process's
    block of batches (a single process's block is the whole split);
@@ -34,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli import progress
+from etn_cli.datasets.base import check_inputs
 from etn_cli.datasets.class_check import check_id_classes
-from etn_cli.distributed import World, current_world, join, rank_device
+from etn_cli.distributed import World, current_world, from_main, join, rank_device
 from etn_cli.errors import EtnError
 from etn_cli.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
@@ -64,8 +69,14 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
         join(world)
         device = rank_device(device, world)
         backbone = functools.cache(lambda: load_backbone(plan, device))  # only if there is work
+        splits = {unit.path: unit_split(plan, unit) for unit in plan.feature_units}
+        pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
+        if pending:  # every input checked and the model loaded before anything is written
+            check = functools.partial(check_pending_inputs, pending, splits)
+            from_main(world, check, "checking the input files")
+            load_weights(backbone())
         for unit in plan.feature_units:
-            extract_unit(plan, unit, backbone, device, world, result)
+            extract_unit(plan, unit, splits[unit.path], backbone, device, world, result)
         if world.main:
             store_classifier(plan, backbone)
     return result
@@ -98,16 +109,42 @@ def import_features(plan: Plan, result: StageResult) -> StageResult:
     return result
 
 
+def unit_split(plan: Plan, unit: FeatureUnit) -> Callable[[], Any]:
+    """The dataset split of ``unit``, read once when first asked for (fit_rows: a sample)."""
+    return functools.cache(lambda: load_unit_split(plan.pipeline, unit))
+
+
+def check_pending_inputs(pending: list[FeatureUnit], splits: dict[Path, Callable]) -> None:
+    """Read every split still to extract and check its inputs (every image file's header,
+    :func:`~etn_cli.datasets.base.check_inputs`), so that a bad file in the last split stops
+    the run before the first split is written."""
+    for unit in pending:
+        split = splits[unit.path]()
+        if len(split) == 0:
+            raise EtnError(
+                f"Expected rows for split {unit.path.name!r}, but the dataset split is empty; "
+                "nothing was written. Check that the dataset split is not empty."
+            )
+        check_inputs(split)
+
+
+def load_weights(backbone: Any) -> None:
+    """Build the model now: the torchvision and Hugging Face backbones build it lazily, as
+    their ``model``, and weights or an adapter that do not fit must fail before any lock or
+    split is written. Backbones without a lazy ``model`` load in :func:`load_backbone`."""
+    getattr(backbone, "model", None)
+
+
 def extract_unit(
     plan: Plan,
     unit: FeatureUnit,
+    split: Callable[[], Any],
     backbone: Callable[[], Any],
     device: str,
     world: World,
     result: StageResult,
 ) -> None:
     """Claim one split, write this process's share of it and publish it, or skip it."""
-    split = functools.cache(lambda: load_unit_split(plan.pipeline, unit))  # fit_rows: a sample
     quiet = not world.main
     with contextlib.ExitStack() as lock:
         claimed = claim(plan, unit, lambda: len(split()), world, lock)
@@ -204,7 +241,7 @@ def load_backbone(plan: Plan, device: str) -> Any:
         backbone = type(template)(template.config, template.cache_dir, device)
     if plan.finetune is not None:
         backbone.use_finetuned(require_finetuned(plan.finetune))
-    check_id_classes(plan, backbone)  # before the first split is written
+    check_id_classes(plan, backbone)  # before any split is claimed (extract loads it first)
     return backbone
 
 
