@@ -109,3 +109,92 @@ def test_the_openood_imagenet_pipeline_lists_every_scorer_and_group() -> None:
     scorers = {n for n in heads.names() if issubclass(heads.get(n), Scorer)}
     assert scorers - names == {"ddu"}  # refused at 1,000 classes, said in the file
     assert pipeline.data.fit_rows == 128000 and set(pipeline.data.groups) == {"near", "far"}
+
+
+def fakedata_pngs(root: Path, files: list[str], seed: int, size: int) -> None:
+    """``FakeData`` images saved as PNG files at ``root / file``."""
+    from torchvision.datasets import FakeData
+
+    data = FakeData(len(files), (3, size, size), 10, random_offset=1000 * seed)
+    for file, (image, _) in zip(files, data, strict=True):
+        (root / file).parent.mkdir(parents=True, exist_ok=True)
+        image.save(root / file)
+
+
+# split -> (list file under benchmark_imglist/, images folder, labels: None = OOD's -1)
+IMAGENET_LISTS = {
+    "train": ("imagenet/train_imagenet.txt", "images_largescale", [0, 999, 5, 17, 3]),
+    "val": ("imagenet/val_imagenet.txt", "images_largescale", [65, 0, 999]),
+    "test": ("imagenet/test_imagenet.txt", "images_largescale", [1, 2, 998]),
+    "ssb_hard": ("imagenet/test_ssb_hard.txt", "images_largescale", None),
+    "ninco": ("imagenet/test_ninco.txt", "images_largescale", None),
+    "inaturalist": ("imagenet/test_inaturalist.txt", "images_largescale", None),
+    "textures": ("imagenet/test_textures.txt", "images_classic", None),
+    "openimage_o": ("imagenet/test_openimage_o.txt", "images_largescale", None),
+}
+CIFAR10_LISTS = {
+    "train": ("cifar10/train_cifar10.txt", "images_classic", [0, 1, 2, 3, 9]),
+    "val": ("cifar10/val_cifar10.txt", "images_classic", [4, 0, 9]),
+    "test": ("cifar10/test_cifar10.txt", "images_classic", [7, 8, 1]),
+    **{
+        name: (f"cifar10/test_{name}.txt", "images_classic", None)
+        for name in ("cifar100", "tin", "mnist", "svhn", "texture", "places365")
+    },
+}
+
+
+def listed_standin(root: Path, lists: dict, size: int) -> dict[str, list[int]]:
+    """OpenOOD's layout: a list per split naming FakeData PNGs (2 per OOD list, labelled -1
+    as OpenOOD's OOD lists are), as its download script lays them out; the labels by split."""
+    labels = {}
+    for seed, (split, (list_file, images, listed)) in enumerate(lists.items()):
+        listed = listed or [-1, -1]
+        prefix = f"imagenet_1k/{split}" if "imagenet/" in list_file and listed[0] >= 0 else split
+        files = [f"{prefix}/{split}_{i:03d}.png" for i in range(len(listed))]
+        fakedata_pngs(root / images, files, seed, size)
+        write_list(
+            root, list_file, [f"{f} {label}" for f, label in zip(files, listed, strict=True)]
+        )
+        labels[split] = listed
+    return labels
+
+
+@pytest.mark.parametrize("suite", ["imagenet", "cifar10"])
+def test_the_openood_pipelines_extract_images_from_standin_lists(suite, tmp_path) -> None:  # noqa: ANN001
+    """Each shipped OpenOOD pipeline as it is, on a stand-in of OpenOOD's lists and folders
+    (random weights, ImageNet's at 56 x 56 pixels; CIFAR-10's fine-tuned for one epoch first):
+    every split holds the listed images' rows, with the listed labels in list order (the ID
+    training list as a seeded sample of fit_rows = 3 for ImageNet)."""
+    from cli_runner import etn
+
+    from etn_cli.store import read_split
+
+    lists, size = (IMAGENET_LISTS, 40) if suite == "imagenet" else (CIFAR10_LISTS, 32)
+    labels = listed_standin(tmp_path / "data" / "openood", lists, size)
+    (tmp_path / "pipelines").mkdir()
+    pipeline = shutil.copy(REPO / "pipelines" / f"openood_{suite}.toml", tmp_path / "pipelines")
+    settings = ["data.workers=0", "data.batch_size=4"]
+    if suite == "imagenet":
+        settings += [
+            "backbone.weights=none",
+            "backbone.transforms=IMAGENET1K_V1",
+            "data.fit_rows=3",
+        ]
+    else:
+        settings += ["finetune.epochs=1", "finetune.batch_size=4", "finetune.workers=0"]
+    sets = [a for s in settings for a in ("--set", s)]
+    data = tmp_path / "out"
+    if suite == "cifar10":
+        code, output = etn("finetune", pipeline, "-d", data, "--device", "cpu", *sets)
+        assert code == 0, output
+    code, output = etn("extract", pipeline, "-d", data, "--device", "cpu", *sets)
+    assert code == 0, output
+    found = {p.name.split("-")[0]: p for p in data.glob("features/*/image_list.*") if p.is_dir()}
+    assert sorted(found) == sorted(f"image_list.{split}" for split in lists)
+    classes = 1000 if suite == "imagenet" else 10
+    for split, listed in labels.items():
+        features = read_split(found[f"image_list.{split}"])
+        rows = 3 if (suite, split) == ("imagenet", "train") else len(listed)
+        assert len(features) == rows and features.logits.shape == (rows, classes)
+        np.testing.assert_array_equal(features.labels, np.asarray(listed)[features.index])
+        assert np.all(np.diff(features.index) > 0)  # list order (a sample keeps its order)
