@@ -124,7 +124,7 @@ def test_the_imagenet_pipeline_extracts_fakedata_on_a_cpu(tmp_path: Path) -> Non
         "backbone.transforms=IMAGENET1K_V2",
         "data.id=fake",
         'data.ood=["fake:ood"]',
-        "data.options={fake={size=1, image_size=40, num_classes=1000}}",
+        "data.options={fake={size=4, image_size=40, num_classes=1000}}",
     ]
     sets = [a for s in settings for a in ("--set", s)]
     pipeline = REPO / "pipelines" / "imagenet_resnet50.toml"
@@ -134,7 +134,7 @@ def test_the_imagenet_pipeline_extracts_fakedata_on_a_cpu(tmp_path: Path) -> Non
 
     (split,) = [p for p in tmp_path.glob("features/*/fake.test-*") if p.is_dir()]
     features = read_split(split)
-    assert features.hidden.shape == (1, 2048) and features.logits.shape == (1, 1000)
+    assert features.hidden.shape == (4, 2048) and features.logits.shape == (4, 1000)
     assert set(features.layers) == {"layer1", "layer2", "layer3", "layer4", "odin"}
     assert features.manifest["fingerprint"]["backbone"]["dtype"] == "float32"
     assert np.isfinite(features.layers["odin"]).all()
