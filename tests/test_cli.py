@@ -58,7 +58,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
 
 def test_run_builds_every_stage_and_prints_the_table(finished: tuple[Path, Path, str]) -> None:
     _, data, output = finished
-    assert "| ETN |" in output and "| MAP |" in output and "| Mahalanobis |" in output
+    assert "| ETN |" in output and "| MAP |" in output and "| Mahalanobis [md] |" in output
     assert "digits → digits-OOD MP" in output
     assert len(list((data / "heads").iterdir())) >= 4  # ETN x 2 seeds, MAP, Mahalanobis
     frame = pl.read_parquet(next((data / "metrics" / "tiny").glob("etn-*.parquet")))

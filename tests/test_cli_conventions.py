@@ -250,6 +250,23 @@ def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # n
     assert "ECE" in ece and "NLL" in ece and "BRIER" in ece
 
 
+def test_every_metric_table_fits_100_columns_and_explains_own(finished) -> None:  # noqa: ANN001
+    from etn_cli.report.views import METRICS, RANKING
+
+    pipeline, data, _ = finished
+    for metric in METRICS:
+        done = etn("report", pipeline, "-d", data, "--metric", metric, "-f", "table")
+        lines = done.stdout.splitlines()
+        assert done.returncode == 0 and max(map(len, lines)) <= 100, (metric, done.stdout)
+        if metric in RANKING:  # cut into blocks, each repeating the Method column
+            assert sum(line.startswith("Method ") for line in lines) >= 2, metric
+            assert "Mahalanobis [md]" in done.stdout
+            own = "Own: the method's own OOD score, named in brackets after it"
+            assert own in done.stdout, metric
+    wide = etn("report", pipeline, "-d", data, "--metric", "auroc", "-f", "csv").stdout
+    assert max(map(len, wide.splitlines())) > 100  # other formats keep one wide table
+
+
 def test_overrides_change_the_keys_of_exactly_the_units_they_touch(finished) -> None:  # noqa: ANN001
     pipeline, data, _ = finished
     plan = etn("run", pipeline, "-d", data, "--dry-run", "--set", "heads.etn.epochs=4").stdout

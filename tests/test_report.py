@@ -195,3 +195,16 @@ def test_points_sharing_an_accuracy_are_spread_sideways_deterministically():
     close = offsets[[0, 1, 2, 5]]
     assert len(set(np.round(close, 6))) == 4 and np.abs(close).max() <= 0.04 + 1e-9
     assert np.array_equal(offsets, spread(x, y, width=0.02, height=0.5))
+
+
+def test_a_table_wider_than_the_terminal_is_cut_into_blocks_of_whole_eval_sets(metrics):
+    from etn_cli.report.render import _render_text
+
+    table = paper_table(summarize(metrics), "aupr")
+    assert max(map(len, _render_text(table, max_width=None).splitlines())) > 100
+    for width, text in ((100, render(table, "table")), (60, _render_text(table, max_width=60))):
+        lines = text.splitlines()
+        blocks = sum(line.startswith("Method ") for line in lines)
+        assert max(map(len, lines)) <= width and blocks >= 2  # Method repeated per block
+        assert sum(line.startswith("ETN ") for line in lines) == blocks
+        assert sum("digits → noise" in line for line in lines) == 1  # a set's columns together

@@ -1,8 +1,10 @@
 """Render a results table (:func:`etn_cli.report.tables.build_table`) as text for a terminal,
 Markdown, CSV or LaTeX (booktabs, the paper's bold best and underlined second).
 
-Cells show ``mean ± half-width`` where the value has two or more seeds and the mean alone
-otherwise; methods are grouped by family, one section per family.
+The terminal text stays within 100 columns: a wider table (``--metric aupr`` with several OOD
+sets) is cut into blocks of whole eval sets, each repeating the Method column; Markdown, CSV
+and LaTeX keep one wide table. Cells show ``mean ± half-width`` where the value has two or
+more seeds and the mean alone otherwise; methods are grouped by family, one section per family.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ FAMILY_NAMES = {
 DECIMALS = {"table": 1, "markdown": 2, "latex": 2}
 NON_PERCENT_DECIMALS = 3  # nll, brier
 METHOD_WIDTH = 30  # longer labels are cut with "…" in the terminal table
+MAX_WIDTH = 100  # the terminal table's widest line; wider tables are cut into blocks
 
 
 def cell_columns(table: pl.DataFrame) -> list[str]:
@@ -160,9 +163,43 @@ def _render_csv(table: pl.DataFrame) -> str:
     return table.select("Method", *fields, *family).write_csv()
 
 
-def _render_text(table: pl.DataFrame) -> str:
-    """Aligned plain text for a terminal or a log: a group header line (eval set) over the
-    column names, one section per family, best per column marked ``*``."""
+def _render_text(table: pl.DataFrame, max_width: int | None = MAX_WIDTH) -> str:
+    """Aligned plain text for a terminal or a log, at most ``max_width`` characters wide: a
+    table too wide is cut into blocks of whole column groups (an eval set's columns stay
+    together), each repeating the Method column, one after the other."""
+    text = _text_block(table)
+    if max_width is None or _widest(text) <= max_width:
+        return text
+    family = ["Family"] if "Family" in table.columns else []
+    blocks: list[list[str]] = [[]]
+    for _, members in groupby(cell_columns(table), key=lambda name: name.rsplit(" ", 1)[0]):
+        for column in _fitting(table, list(members), max_width, family):
+            trial = blocks[-1] + column
+            if blocks[-1] and _widest(_text_block(table.select("Method", *trial, *family))) > (
+                max_width
+            ):
+                blocks.append(column)
+            else:
+                blocks[-1] = trial
+    return "\n".join(_text_block(table.select("Method", *block, *family)) for block in blocks)
+
+
+def _fitting(
+    table: pl.DataFrame, group: list[str], max_width: int, family: list[str]
+) -> list[list[str]]:
+    """A column group as one piece, or its columns one by one when the group alone is wider
+    than ``max_width``."""
+    alone = _text_block(table.select("Method", *group, *family))
+    return [group] if _widest(alone) <= max_width else [[column] for column in group]
+
+
+def _widest(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def _text_block(table: pl.DataFrame) -> str:
+    """One aligned block: a group header line (eval set) over the column names, one section
+    per family, best per column marked ``*``."""
     names = cell_columns(table)
     rows = formatted(table, "table")
     label_width = min(max([len("Method"), *(len(r[0]) for r in rows)]), METHOD_WIDTH)

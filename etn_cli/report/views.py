@@ -4,9 +4,11 @@
   ECE; per OOD set AUROC and FPR@95 (the headline metrics of OpenOOD and most papers) with each
   method's own OOD score; and the paper's AUPR of max probability averaged over the OOD sets.
   When the per-set columns would pass 100 characters, they collapse into the OOD mean.
-* :func:`metric_view`: one metric across every score (``--metric aupr`` is the paper's table);
-  ``acc``, ``ece``, ``nll`` and ``brier`` give the calibration table, ``runtime`` the time per
-  sample.
+* :func:`metric_view`: one metric across every score (``--metric aupr`` is the paper's table,
+  its ``Own`` column a method's own OOD score, named in brackets after the method); ``acc``,
+  ``ece``, ``nll`` and ``brier`` give the calibration table, ``runtime`` the time per sample.
+  On a terminal a table wider than 100 columns is cut into blocks of whole eval sets
+  (:func:`etn_cli.report.render.render`).
 
 Both return a :func:`etn_cli.report.tables.paper_table`-shaped frame (``Method``, ``Family``,
 then one struct column ``mean, ci95, metric, n_seeds`` per cell, named ``"<group> <column>"``),
@@ -22,6 +24,7 @@ from etn_cli.report.tables import (
     PERCENT_METRICS,
     RUNTIME,
     STANDARD_SCORES,
+    _column_specs,
     build_table,
     paper_table,
 )
@@ -112,10 +115,10 @@ def summary_view(summary: pl.DataFrame, max_width: int = MAX_WIDTH) -> pl.DataFr
 
 
 def _text_width(table: pl.DataFrame) -> int:
-    """The widest line of ``table`` rendered for a terminal."""
-    from etn_cli.report.render import render
+    """The widest line of ``table`` rendered for a terminal in one block."""
+    from etn_cli.report.render import _render_text
 
-    return max(len(line) for line in render(table, "table").splitlines())
+    return max(len(line) for line in _render_text(table, max_width=None).splitlines())
 
 
 def _labels_with_scores(summary: pl.DataFrame, own: dict[tuple, str]) -> dict[tuple, str]:
@@ -133,7 +136,13 @@ def metric_view(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
     """One metric in full: the paper's layout for a ranking metric, else the calibration
     table (``acc``, ``ece``, ``nll``, ``brier``) or the runtime per sample."""
     if metric in RANKING:
-        return paper_table(summary, metric)
+        table = paper_table(summary, metric)
+        if not any(name.endswith(" Own") for name in table.columns):
+            return table
+        # the Own column's score is named after the method, as in the summary: "KNN [knn]"
+        own = {k: s for k, s in own_scores(summary).items() if s not in STANDARD_SCORES}
+        labels = _labels_with_scores(summary, own)
+        return build_table(summary, _column_specs(summary, metric), labels)
     id_dataset = summary["id_dataset"][0]
     is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
     if metric == "runtime":
@@ -176,6 +185,10 @@ def footnote(table: pl.DataFrame, metric: str | None) -> str:
         lines += [METRIC_NOTES[metric]] if metric in METRIC_NOTES else []
     if any("-OOD " in c for c in table.columns):
         lines.append("X-OOD: the mean over group X's sets.")
+    if any(c.endswith(" Own") for c in table.columns):
+        named = next((m for m in table["Method"].to_list() if m.endswith("]")), None)
+        example = f", e.g. {named}" if named else ""
+        lines.append(f"Own: the method's own OOD score, named in brackets after it{example}.")
     return "\n".join(lines)
 
 
