@@ -77,10 +77,45 @@ class RMDS(Whitened, Scorer):
         self.precision_ = precision(within / len(h))
         self.background_mean_ = mean[None]
         self.background_precision_ = precision((within + between) / len(h))
+        self.class_fractions_ = counts.double() / len(h)
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        parts = self.whitened(self.means_, self.precision_)
-        md = squared_distances(h, self.means_, self.precision_, parts)  # (N, C)
-        mean, prec = self.background_mean_, self.background_precision_
-        md0 = squared_distances(h, mean, prec, self.whitened(mean, prec))  # (N, 1)
-        return -(md - md0).min(1).values
+        low_rank = self.relative_parts()
+        if low_rank is None:  # a singular within-class covariance: both distances in full
+            parts = self.whitened(self.means_, self.precision_)
+            md = squared_distances(h, self.means_, self.precision_, parts)  # (N, C)
+            mean, prec = self.background_mean_, self.background_precision_
+            md0 = squared_distances(h, mean, prec, self.whitened(mean, prec))  # (N, 1)
+            return -(md - md0).min(1).values
+        centre, guided, factor, offsets = low_rank
+        v = (h.float() - centre) @ guided  # (N, C): u_c^T P x
+        quadratic = (v @ factor).double().square().sum(1)  # v^T K v = x^T (P - P_0) x
+        return -(quadratic + (offsets - 2 * v.double()).min(1).values)
+
+    def relative_parts(self) -> tuple[torch.Tensor, ...] | None:
+        """``MD_c - MD_0`` without either distance in full. With ``x = h - mu_0``,
+        ``u_c = mu_c - mu_0``, ``U`` their rows (C, D) and ``F`` the class fractions, the
+        background covariance is ``Sigma + U^T diag(F) U``, so by Woodbury's identity
+        ``P_0 = P - P U^T K U P`` with ``K = (diag(1 / F) + U P U^T)^-1`` (C, C), and
+        ``MD_c - MD_0 = u_c^T P u_c - 2 v_c + v^T K v`` with ``v = U P x`` (C,): one
+        (N, D) x (D, C) and one (N, C) x (C, C) product per block of rows instead of two
+        (N, D) x (D, D) whitenings. None where the within-class covariance is singular
+        (``pinv``: no Woodbury identity) or the state predates ``class_fractions``."""
+        fractions = getattr(self, "class_fractions_", None)
+        if fractions is None:
+            return None
+        cache = self.__dict__.setdefault("relative_cache", {})
+        if cache.get("key") is not self.precision_:
+            prec, mean = self.precision_.double(), self.background_mean_.double()[0]
+            parts = None
+            if int(torch.linalg.cholesky_ex(prec)[1]) == 0:
+                u = self.means_.double() - mean  # (C, D)
+                guided = prec @ u.T  # (D, C)
+                gram = u @ guided  # U P U^T (C, C)
+                inverse = torch.diag(1.0 / fractions.double()) + gram
+                factor, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(
+                    torch.linalg.cholesky(inverse)))  # fmt: skip
+                if int(info) == 0:
+                    parts = (mean.float(), guided.float(), factor.float(), gram.diagonal())
+            cache["key"], cache["parts"] = self.precision_, parts
+        return cache["parts"]

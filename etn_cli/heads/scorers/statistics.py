@@ -63,13 +63,17 @@ def precision(cov: torch.Tensor) -> torch.Tensor:
 
 
 def symmetric_eigenvectors(matrix: torch.Tensor) -> torch.Tensor:
-    """Eigenvectors (columns, ascending eigenvalues) of a symmetric matrix, by numpy's
-    ``eigh`` in float32 (4x faster than torch's float64 ``eigh`` at D = 2,048 on this
-    project's machine, 1.6x faster than numpy's float64; pytorch-ood's ViM also decomposes
-    in float32). The residual scorers project onto a whole block of eigenvectors, which
-    float32 rounding only mixes among nearly equal eigenvalues."""
-    _, vectors = np.linalg.eigh(matrix.cpu().numpy().astype(np.float32))
-    return torch.from_numpy(vectors).to(matrix.device)
+    """Eigenvectors (columns, ascending eigenvalues) of a symmetric matrix, by LAPACK's
+    divide-and-conquer ``syevd`` in float32 through SciPy (at D = 2,048 on this project's
+    machine, measured side by side: 7.0 s against numpy's 12.9 s and torch's 28.6 s for the
+    same float32 routine; pytorch-ood's ViM also decomposes in float32). The residual scorers
+    project onto a whole block of eigenvectors, which float32 rounding only mixes among nearly
+    equal eigenvalues."""
+    from scipy.linalg import eigh  # noqa: PLC0415 - only the subspace scorers need it
+
+    array = matrix.cpu().numpy().astype(np.float32)
+    _, vectors = eigh(array, driver="evd", check_finite=False, overwrite_a=True)
+    return torch.from_numpy(np.ascontiguousarray(vectors)).to(matrix.device)
 
 
 def min_norm_solution(weight: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
