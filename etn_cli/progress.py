@@ -1,10 +1,11 @@
 """What a run tells the person (or the log) watching it, on stderr.
 
 On a terminal: a ``[k/N]`` counter over the units of a run and tqdm bars for long loops
-(extraction batches, training epochs). Off a terminal (cron, CI, ``| tee``): no bars, one plain
-line when a unit starts and one when it ends, with its time, so a log shows what ran and what
-failed. ``-q`` keeps only errors (and the final table on stdout); ``-v`` adds a line for every
-unit found up to date and the reason each unit is built.
+(extraction batches, training epochs); units found up to date are counted, not listed. Off a
+terminal (cron, CI, ``| tee``): no bars, one plain line when a unit starts and one when it
+ends, with its time, and one line per unit skipped as up to date, so a log shows what ran,
+what was already done and what failed. ``-q`` keeps only errors (and the final table on
+stdout); ``-v`` adds the reason each unit is built and lists skipped units on a terminal too.
 
 Stages call :func:`unit` around each unit they build and :func:`skipped` for each one they
 keep; :func:`begin` sets the total of a run (``etn run`` counts every stage's units).
@@ -101,8 +102,11 @@ def _counter() -> str:
 
 
 def skipped(stage: str, name: str, reason: str = "up to date") -> None:
-    """Count a unit found finished; named only with ``-v``."""
-    detail(f"{_counter()}{stage:<8} {name}: skipped, {reason}")
+    """Count a unit found finished: one line off a terminal (a log must show it), on a
+    terminal only with ``-v`` (the counter stays compact); none with ``-q``."""
+    line = f"{_counter()}{stage:<8} {name}: skipped, {reason}"
+    if _state.verbosity >= VERBOSE or (_state.verbosity >= NORMAL and not on_terminal()):
+        print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager

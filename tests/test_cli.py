@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,3 +215,68 @@ def test_bad_input_is_one_line_on_stderr_with_exit_status_2(tmp_path: Path) -> N
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: Unknown key")
     assert not (tmp_path / "d").exists()
+
+
+def test_a_terminal_gets_tqdm_bars_and_a_log_gets_none(
+    tmp_path: Path,
+    finished,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    from cli_runner import fresh_data
+
+    from etn_cli import progress
+
+    pipeline, data, _ = finished
+    outputs = {}
+    for terminal in (True, False):
+        monkeypatch.setattr(progress, "on_terminal", lambda terminal=terminal: terminal)
+        code, outputs[terminal] = etn(
+            "extract", pipeline, "-d", fresh_data(tmp_path / str(terminal), (pipeline, data))
+        )
+        assert code == 0, outputs[terminal]
+    # extraction steps through batches: a bar per split on a terminal, drawn with "\r"
+    bar = re.compile(r"extract digits\.test-[0-9a-f]+:\s+\d+%\|.*\| \d+/\d+ \[")
+    assert bar.search(outputs[True]) and "\r" in outputs[True], outputs[True]
+    assert "extract  digits.test: started" in outputs[True]  # the unit's lines stay
+    assert not bar.search(outputs[False]) and "\r" not in outputs[False]
+    assert "extract  digits.test: done in " in outputs[False]
+
+
+def test_skipped_units_are_listed_in_a_log_and_only_counted_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from etn_cli import progress
+
+    for terminal, quiet, verbose, shown in (
+        (False, False, False, True),  # a cron log shows what was already done
+        (True, False, False, False),  # a terminal keeps the counter compact
+        (True, False, True, True),
+        (False, True, False, False),  # -q: nothing
+    ):
+        monkeypatch.setattr(progress, "on_terminal", lambda terminal=terminal: terminal)
+        progress.configure(quiet=quiet, verbose=verbose)
+        with progress.counting(3):
+            progress.skipped("train", "ETN seed 0")
+            progress.skipped("train", "ETN seed 1", "finished by another run")
+            with progress.unit("evaluate", "ETN seed 0"):
+                pass
+        err = capsys.readouterr().err
+        expected = [
+            "[1/3] train    ETN seed 0: skipped, up to date",
+            "[2/3] train    ETN seed 1: skipped, finished by another run",
+        ]
+        assert all((line in err) == shown for line in expected), (terminal, quiet, err)
+        assert ("[3/3] evaluate ETN seed 0: done in " in err) == (not quiet)
+    progress.configure()
+
+
+def test_the_run_counts_the_units_status_lists_and_logs_the_backbone(finished) -> None:  # noqa: ANN001
+    pipeline, data, output = finished
+    totals = set(re.findall(r"\[\s*\d+/(\d+)\] ", output))
+    _, status = etn("status", pipeline, "-d", data)
+    listed = re.search(r": (\d+) units, (\d+) done", status)
+    assert listed and totals == {listed[1]} and listed[2] == listed[1], (totals, status)
+    assert re.search(r"\] extract  classifier \(backbone's final layer\): done in ", output)
+    assert "extract  digits_cnn backbone: done in " in output  # trained on first use, uncounted
+    _, again = etn("run", pipeline, "-d", data)
+    assert "extract  classifier (backbone's final layer): skipped, up to date" in again

@@ -294,8 +294,11 @@ class DigitsCNNBackbone(Backbone):
                     if problem != "missing":  # derived, and training is deterministic: rebuild
                         progress.say(repair_line(problem, "Retraining the digits CNN."))
                         discard(folder)
-                    train, test = Digits().load_split("train"), Digits().load_split("test")
-                    train_and_save(self.config, train, test, folder)
+                    # a line in the run's log, outside its [k/N]: status counts no backbone
+                    reason = "no cached weights with this key; trained once, on first use"
+                    with progress.unit("extract", f"{self.name} backbone", reason):
+                        train = Digits().load_split("train")
+                        train_and_save(self.config, train, Digits().load_split("test"), folder)
                     recorded, problem = cache_state(folder)
         if problem or recorded is None:
             raise DamagedArtefact(folder, f"{problem} Delete {folder} and run again.")
