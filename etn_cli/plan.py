@@ -122,14 +122,32 @@ def _check_names(pipeline: Pipeline) -> None:
         except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
             message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
             raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+    if pipeline.backbone is not None:
+        from etn_cli.backbones import backbones
+
+        _named(pipeline, "[backbone] name", backbones.get, pipeline.backbone)
     data = pipeline.data
     if data is not None:
+        from etn_cli.datasets import datasets
+
+        _named(pipeline, "[data] id", datasets.get, data.id)
+        for dataset, _ in data.ood_sources():
+            _named(pipeline, "[data] ood", datasets.get, dataset)
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:
             checked_source(pipeline, dataset, split)
         if pipeline.finetune is not None:
             checked_source(pipeline, data.id, pipeline.finetune.split, " [finetune]")
         if data.fit is not None:
             checked_source(pipeline, data.id, data.fit, " [data] fit")
+
+
+def _named(pipeline: Pipeline, where: str, get: Any, name: str) -> None:
+    """A registered name, or the registry's one line ("Unknown dataset 'x'. Did you mean ...")
+    prefixed with the pipeline file and the section and key that name it."""
+    try:
+        get(name)
+    except EtnError as err:
+        raise EtnError(f"{pipeline.path} {where}: {err}") from None
 
 
 def _resolve_path_options(pipeline: Pipeline, keys: tuple[str, ...]) -> dict[str, Any]:

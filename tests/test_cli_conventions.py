@@ -104,6 +104,8 @@ def one_line_usage_error(done: subprocess.CompletedProcess) -> None:
         (["run", "{pipeline}", "--set", "heads.etn.prior_mode='x'"], "expected float"),
         (["run", "{pipeline}", "--set", "seeds=[]"], "seeds must be a non-empty list"),
         (["train", "{pipeline}", "--device", "gpu"], "Unknown device 'gpu'"),
+        (["run", "--format", "csv"], "Missing argument 'PIPELINE'"),
+        (["status", "{pipeline}", "-f", "yaml"], "Unknown format 'yaml'"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2_and_write_nothing(
@@ -141,6 +143,49 @@ def test_more_usage_errors_in_process(
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and phrase in err, err
     assert not (tmp_path / "data").exists()
+
+
+DIGITS = """
+name = "bad"
+seeds = [0]
+[backbone]
+name = "digits_cnn"
+[data]
+id = "digits"
+ood = ["digits_unseen"]
+[[heads]]
+name = "etn"
+epochs = 2
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "phrases"),
+    [
+        (("epochs = 2", "epochs = -1"), ["[[heads]] 'etn'", "'epochs' must be an integer >= 1"]),
+        (
+            ('ood = ["digits_unseen"]', 'ood = ["digits_unsen"]'),
+            ["[data] ood: Unknown dataset 'digits_unsen'", "Did you mean: digits_unseen"],
+        ),
+        (('id = "digits"', 'id = "digts"'), ["[data] id: Unknown dataset 'digts'"]),
+        (
+            ('name = "digits_cnn"', 'name = "digits_cnm"'),
+            ["[backbone] name: Unknown backbone 'digits_cnm'", "Did you mean: digits_cnn?"],
+        ),
+    ],
+)
+def test_bad_values_and_names_in_a_pipeline_file_are_one_line_naming_file_and_key(
+    tmp_path: Path, edit: tuple[str, str], phrases: list[str]
+) -> None:
+    pipeline, data = tmp_path / "bad.toml", tmp_path / "data"
+    pipeline.write_text(DIGITS.replace(*edit))
+    assert edit[0] in DIGITS
+    for command in ("run", "status", "report"):
+        done = etn(command, pipeline, "-d", data)
+        one_line_usage_error(done)
+        assert done.stderr.startswith(f"error: {pipeline}"), done.stderr
+        assert all(phrase in done.stderr for phrase in phrases), done.stderr
+        assert not data.exists()
 
 
 def test_a_data_directory_that_cannot_be_created_is_one_line(
@@ -192,7 +237,12 @@ def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> N
     _, _, done = finished
     err = done.stderr
     assert "\r" not in err and "\x1b[" not in err  # no bars, no colour in a log
-    assert "[ 1/12] extract" not in err  # own features: nothing to extract, nothing said
+    # own features: nothing to extract, each split one line saying so
+    skipped = [line for line in err.splitlines() if ": skipped, " in line]
+    assert (
+        len(skipped) == 4
+        and skipped[0] == "[ 1/12] extract  toy (adapt): skipped, your own features"
+    )
     started = [line for line in err.splitlines() if line.endswith(": started")]
     finished_lines = [line for line in err.splitlines() if ": done in " in line]
     # ETN x 2 seeds, MAP and Mahalanobis (seed-free: fitted once), trained and scored
@@ -206,6 +256,11 @@ def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:  # 
     quiet = etn("run", pipeline, "-d", data, "-q")
     assert quiet.returncode == 0 and quiet.stderr == ""
     assert "ETN" in quiet.stdout and "seeds" in quiet.stdout
+    # a rerun off a terminal (cron, | tee): one line per unit found done, none started
+    again = etn("run", pipeline, "-d", data).stderr.splitlines()
+    skipped = [line for line in again if ": skipped, " in line]
+    assert len(skipped) == 12 and not any(line.endswith(": started") for line in again)
+    assert "[ 5/12] train    ETN seed 0: skipped, up to date" in skipped
     verbose = etn("run", pipeline, "-d", data, "-v")
     assert "train    ETN seed 1: skipped, up to date" in verbose.stderr
     assert "extract  far (ood): skipped, your own features" in verbose.stderr
