@@ -187,14 +187,16 @@ def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[
         y = rows["quality"].to_numpy() * 100
         if column == "acc" and len(x):  # post-hoc scores of one classifier share its accuracy
             x = np.round(x, 6)
-            width = 0.012 * max(float(np.ptp(x)), 0.5)  # about half a marker
+            span = max(float(np.ptp(x)), 0.5)  # at least half a point of accuracy on the axis
             height = 0.03 * max(float(np.ptp(y)), 1.0)
             values, counts = np.unique(x, return_counts=True)
-            for value in values[counts > 2]:  # the accuracy they share, under the spread
+            for value in values[counts > 1]:  # the accuracy they share, under the spread
                 ax.axvline(value, color="#999999", linewidth=0.8, linestyle=":", zorder=1)
-            if (counts > 2).any():
+            if (counts > 1).any():
                 xlabel += "\n(dotted: an accuracy several methods share, spread sideways)"
-            x = x + spread(x, y, width, height)
+            x = x + spread(x, y, 0.012 * span, height)  # slots about half a marker apart
+            middle, half = (x.min() + x.max()) / 2, max(float(np.ptp(x)), span) / 2
+            ax.set_xlim(middle - 1.1 * half, middle + 1.1 * half)  # a spread never fills it
         for label, xi, yi in zip(labels, x, y, strict=True):
             style = styles[label]
             ax.scatter(
