@@ -88,9 +88,10 @@ class RMDS(Whitened, Scorer):
             md0 = squared_distances(h, mean, prec, self.whitened(mean, prec))  # (N, 1)
             return -(md - md0).min(1).values
         centre, guided, factor, offsets = low_rank
-        v = (h.float() - centre) @ guided  # (N, C): u_c^T P x
-        quadratic = (v @ factor).double().square().sum(1)  # v^T K v = x^T (P - P_0) x
-        return -(quadratic + (offsets - 2 * v.double()).min(1).values)
+        # float64: the three terms are about 100x the score they add up to
+        v = (h.double() - centre) @ guided  # (N, C): u_c^T P x
+        quadratic = (v @ factor).square().sum(1)  # v^T K v = x^T (P - P_0) x
+        return -(quadratic + (offsets - 2 * v).min(1).values)
 
     def relative_parts(self) -> tuple[torch.Tensor, ...] | None:
         """``MD_c - MD_0`` without either distance in full. With ``x = h - mu_0``,
@@ -98,8 +99,8 @@ class RMDS(Whitened, Scorer):
         background covariance is ``Sigma + U^T diag(F) U``, so by Woodbury's identity
         ``P_0 = P - P U^T K U P`` with ``K = (diag(1 / F) + U P U^T)^-1`` (C, C), and
         ``MD_c - MD_0 = u_c^T P u_c - 2 v_c + v^T K v`` with ``v = U P x`` (C,): one
-        (N, D) x (D, C) and one (N, C) x (C, C) product per block of rows instead of two
-        (N, D) x (D, D) whitenings. None where the within-class covariance is singular
+        (N, D) x (D, C) and one (N, C) x (C, C) product per block of rows (float64) instead
+        of two (N, D) x (D, D) whitenings. None where the within-class covariance is singular
         (``pinv``: no Woodbury identity) or the state predates ``class_fractions``."""
         fractions = getattr(self, "class_fractions_", None)
         if fractions is None:
@@ -116,6 +117,6 @@ class RMDS(Whitened, Scorer):
                 factor, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(
                     torch.linalg.cholesky(inverse)))  # fmt: skip
                 if int(info) == 0:
-                    parts = (mean.float(), guided.float(), factor.float(), gram.diagonal())
+                    parts = (mean, guided, factor, gram.diagonal())
             cache["key"], cache["parts"] = self.precision_, parts
         return cache["parts"]
