@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from scipy.special import logsumexp, softmax
 
 from etn_cli.errors import EtnError
@@ -195,6 +196,31 @@ def test_gaussian_scores_against_explicit_quadratic_forms(data):
     assert_close(
         own("mahalanobis_pp", data), -mahalanobis(test_u, means_u, prec_u).min(1), rtol=1e-4
     )
+
+
+def test_rmds_low_rank_path_equals_both_distances_in_full(data):
+    # the score by Woodbury's identity against MD_c - MD_0 computed in full (the path a
+    # checkpoint without class_fractions takes), then a singular covariance (a repeated
+    # feature: pinv, no Woodbury identity) against the explicit quadratic forms
+    head = fitted("rmds", data)
+    assert head.relative_parts() is not None
+    low_rank = head.score(data.h_test, data.z_test)
+    del head.class_fractions_
+    assert_close(low_rank, head.score(data.h_test, data.z_test), rtol=1e-4, atol=1e-4)
+    h_fit = np.c_[data.h_fit, data.h_fit[:, :1]].astype(np.float64)
+    h = np.c_[data.h_test, data.h_test[:, :1]].astype(np.float64)
+    weight = np.c_[data.weight, np.zeros((4, 1), np.float32)]
+    head = heads.get("rmds")().fit(
+        h_fit.astype(np.float32), data.z_fit, data.y_fit,
+        classifier={"weight": torch.from_numpy(weight), "bias": torch.from_numpy(data.bias)},
+    )  # fmt: skip
+    assert head.relative_parts() is None
+    means, prec = gaussian_parts(h_fit, data.y_fit, 4)
+    mean0 = h_fit.mean(0)
+    prec0 = np.linalg.pinv((h_fit - mean0).T @ (h_fit - mean0) / len(h_fit))
+    relative = mahalanobis(h, means, prec) - mahalanobis(h, mean0[None], prec0)
+    scores = head.score(h.astype(np.float32), data.z_test)
+    assert_close(scores, -relative.min(1), rtol=1e-4, atol=1e-3)
 
 
 def test_ddu_is_the_log_density_of_class_gaussians(data):

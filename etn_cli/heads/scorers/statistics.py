@@ -55,9 +55,13 @@ def precision(cov: torch.Tensor) -> torch.Tensor:
     """``pinv(cov)`` of a symmetric covariance (OpenOOD's ``EmpiricalCovariance``): the
     inverse from a Cholesky factor when ``cov`` is positive definite (the usual case with more
     rows than dimensions; 0.5 s at D = 2,048 where an eigendecomposition takes 10-40 s on this
-    project's machine), else numpy's eigenvalue-based pseudo-inverse."""
+    project's machine), else (a failed factorisation, or a pivot below D eps of the largest
+    variance: numerically singular, where the inverse would be rounding noise) numpy's
+    eigenvalue-based pseudo-inverse."""
     factor, info = torch.linalg.cholesky_ex(cov)
-    if int(info) == 0:
+    pivots = factor.diagonal().square()
+    scale = cov.diagonal().abs().max() * len(cov) * torch.finfo(cov.dtype).eps
+    if int(info) == 0 and bool((pivots > scale).all()):  # else numerically singular
         return torch.cholesky_inverse(factor).contiguous()
     return torch.from_numpy(np.linalg.pinv(cov.cpu().numpy(), hermitian=True)).to(cov.device)
 
