@@ -28,7 +28,8 @@ class Whitened:
         cache = self.__dict__.setdefault("whitened_cache", {})
         key = (id(means), id(prec))
         if key not in cache or cache[key][0] is not means or cache[key][1] is not prec:
-            cache[key] = (means, prec, whitened_means(means, prec))
+            # fresh (aligned) copies, as in RMDS.relative_parts
+            cache[key] = (means, prec, whitened_means(means.clone(), prec.clone()))
         return cache[key][2]
 
 
@@ -107,13 +108,17 @@ class RMDS(Whitened, Scorer):
             return None
         cache = self.__dict__.setdefault("relative_cache", {})
         if cache.get("key") is not self.precision_:
-            prec, mean = self.precision_.double(), self.background_mean_.double()[0]
+            # fresh (aligned) copies: a restored checkpoint's tensors may sit at other
+            # offsets, and BLAS results can depend on alignment in the last bit
+            prec = self.precision_.double().clone()
+            mean = self.background_mean_.double()[0].clone()
+            fractions = fractions.double().clone()
             parts = None
             if int(torch.linalg.cholesky_ex(prec)[1]) == 0:
                 u = self.means_.double() - mean  # (C, D)
-                guided = prec @ u.T  # (D, C)
+                guided = prec @ u.T.contiguous()  # (D, C)
                 gram = u @ guided  # U P U^T (C, C)
-                inverse = torch.diag(1.0 / fractions.double()) + gram
+                inverse = torch.diag(1.0 / fractions) + gram
                 factor, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(
                     torch.linalg.cholesky(inverse)))  # fmt: skip
                 if int(info) == 0:
