@@ -245,12 +245,22 @@ def load_backbone(plan: Plan, device: str) -> Any:
     return backbone
 
 
+CLASSIFIER_UNIT = "classifier (backbone's final layer)"
+
+
 def store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
-    """Save the backbone's final layer once per backbone, for the baselines that start from it."""
+    """Save the backbone's final layer once per backbone, for the baselines that start from it:
+    one unit of the run, after the feature splits, as ``etn status`` lists it."""
     path = plan.classifier_path
-    if path is None or classifier_damage(path) is None:
+    if path is None:
         return
-    with unit_lock(path):
+    if classifier_damage(path) is None:
+        progress.skipped("extract", CLASSIFIER_UNIT)
+        return
+    with (
+        progress.unit("extract", CLASSIFIER_UNIT, "no intact classifier.safetensors"),
+        unit_lock(path),
+    ):
         if (damage := classifier_damage(path)) is not None:
             if path.exists():  # derived from the backbone: saved again
                 progress.say(repair_line(damage, "Saving it again."))

@@ -8,7 +8,6 @@ rank 0 alone trains, evaluates and reports while the other ranks end."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import traceback
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import FeatureUnit, Plan, make_plan
 from etn_cli.stages.evaluate import evaluate
-from etn_cli.stages.extract import classifier_damage, extract, load_backbone, store_classifier
+from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 from etn_cli.stages.report import report
 from etn_cli.stages.result import StageResult
@@ -100,20 +99,12 @@ def ensure_data_dir(data_dir: Path) -> Path:
     return Path(data_dir)
 
 
-CLASSIFIER = "classifier (backbone's final layer)"
-
-
-def unit_count(plan, classifier: bool = True) -> int:  # noqa: ANN001
+def unit_count(plan) -> int:  # noqa: ANN001
     """How many units ``etn run`` goes through for ``plan`` (the ``[k/N]`` of its lines), the
     same units ``etn status`` and ``--dry-run`` list: the fine-tuned backbone, the feature
-    splits, the backbone's classifier (when ``classifier``), the heads and their metrics."""
-    saved = classifier and has_classifier_unit(plan)
+    splits, the backbone's classifier (saved when etn extracts), the heads and their metrics."""
+    saved = plan.backbone is not None and plan.classifier_path is not None
     return int(plan.finetune is not None) + len(plan.feature_units) + saved + 2 * len(plan.heads)
-
-
-def has_classifier_unit(plan: Plan) -> bool:
-    """Whether etn saves the backbone's final layer as a unit of its own (it extracts)."""
-    return plan.backbone is not None and plan.classifier_path is not None
 
 
 def run_pipeline(
@@ -151,31 +142,15 @@ def run_pipeline(
 
 
 def run_stages(plan: Plan, dev: str, extract_only: bool) -> list[StageResult]:
-    """Finetune (if asked), extract, save the classifier, then (on rank 0) train and evaluate;
-    units already built are skipped, so calling it again after a repair redoes only what is
-    missing. Under torchrun extract saves the classifier itself, uncounted."""
-    alone = torchrun_world() is None
-    with progress.counting(unit_count(plan, classifier=alone)):
+    """Finetune (if asked), extract (saving the classifier), then (on rank 0) train and
+    evaluate; units already built are skipped, so calling it again after a repair redoes only
+    what is missing."""
+    with progress.counting(unit_count(plan)):
         results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
-        if alone and has_classifier_unit(plan):  # the classifier is a unit of its own below
-            results.append(extract(dataclasses.replace(plan, classifier_path=None), device=dev))
-            save_classifier_unit(plan, dev)
-        else:
-            results.append(extract(plan, device=dev))
+        results.append(extract(plan, device=dev))
         if not extract_only:
             results += [train(plan, device=dev), evaluate(plan, device=dev)]
     return results
-
-
-def save_classifier_unit(plan: Plan, dev: str) -> None:
-    """Save the backbone's final layer (for the baselines that start from it) as one unit of
-    the run, in the order ``etn status`` lists it: after the feature splits."""
-    assert plan.classifier_path is not None
-    if classifier_damage(plan.classifier_path) is None:
-        progress.skipped("extract", CLASSIFIER)
-        return
-    with progress.unit("extract", CLASSIFIER, "no intact classifier.safetensors"):
-        store_classifier(plan, functools.cache(lambda: load_backbone(plan, dev)))
 
 
 def is_derived(plan: Plan, path: Path) -> bool:
