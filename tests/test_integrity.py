@@ -19,6 +19,7 @@ from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import read_sealed, seal_record, sidecar, write_sealed
 from etn_cli.store.reading.reader import read_split
 from etn_cli.store.writing.shardfile import write_shard
+from etn_cli.store.writing.valuecheck import ATTRIBUTE, value_checksum
 
 OK = ("same", "refused")
 
@@ -61,7 +62,7 @@ def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_
                       np.arange(50) % 3, np.arange(50))  # fmt: skip
     shard = tmp_path / "split" / "shard-00000.h5"
     with h5py.File(shard, "r") as handle:
-        offset = handle["hidden"].id.get_chunk_info(0).byte_offset  # the hidden values' chunk
+        offset = handle["hidden"].id.get_offset()  # where the hidden values start
     stat = shard.stat()
     raw = bytearray(shard.read_bytes())
     raw[offset + 17] ^= 0x10
@@ -69,12 +70,12 @@ def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_
     import os
 
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # bit rot leaves the time alone
-    with pytest.raises(DamagedArtefact, match="readable HDF5") as caught:  # not re-hashed
+    with pytest.raises(DamagedArtefact, match="do not match the checksum") as caught:
         read_split(tmp_path / "split")
     assert caught.value.path == tmp_path / "split"
 
 
-def test_old_shards_without_chunk_checksums_still_read(tmp_path) -> None:  # noqa: ANN001
+def test_old_shards_without_value_checksums_still_read(tmp_path) -> None:  # noqa: ANN001
     from etn_cli.store import write_manifest
 
     folder = tmp_path / "old"
@@ -97,17 +98,57 @@ def test_old_shards_without_chunk_checksums_still_read(tmp_path) -> None:  # noq
     finally:
         logger.removeHandler(handler)
         logger.level = level
-    notes = [r for r in said if "carry no HDF5 chunk checksums" in r.getMessage()]
+    notes = [r for r in said if "carry no checksums of their values" in r.getMessage()]
     assert len(notes) == 1  # said once (the CLI shows the etn logger on stderr)
 
 
-def test_new_shards_carry_chunk_checksums_and_are_byte_identical(tmp_path) -> None:  # noqa: ANN001
+def test_new_shards_carry_value_checksums_and_are_byte_identical(tmp_path) -> None:  # noqa: ANN001
     arrays = {"hidden": np.ones((5, 3), np.float32), "labels": np.arange(5)}
     write_shard(tmp_path / "a.h5", arrays)
     write_shard(tmp_path / "b.h5", arrays)
     assert (tmp_path / "a.h5").read_bytes() == (tmp_path / "b.h5").read_bytes()
     with h5py.File(tmp_path / "a.h5", "r") as handle:
-        assert handle["hidden"].fletcher32 and handle["labels"].fletcher32
+        for name in arrays:
+            assert handle[name].attrs[ATTRIBUTE] == value_checksum(arrays[name])
+
+
+def test_the_value_checksum_catches_sampled_single_and_double_bit_flips() -> None:
+    values = np.random.default_rng(0).standard_normal((70, 300)).astype(np.float32)  # 84,000 B
+    raw = values.view(np.uint8).reshape(-1)  # 10 rows of 8 KiB and a tail
+    clean = value_checksum(values)
+    rng = np.random.default_rng(1)
+    for byte in [*range(8), *range(81912, 81928), *rng.integers(0, len(raw), 3000)]:
+        bit = rng.integers(0, 8)
+        raw[byte] ^= 1 << bit
+        assert value_checksum(values) != clean, (byte, bit)
+        raw[byte] ^= 1 << bit
+    words = raw[: 8 * 1024 * 10].view(np.uint64)
+    for _ in range(2000):  # pairs, the cases a plain sum misses: same bit, opposite directions
+        i, j = rng.choice(len(words), 2, replace=False)
+        bit = np.uint64(1) << np.uint64(rng.choice([31, 62, 63]))
+        if bool(words[i] & bit) == bool(words[j] & bit):
+            continue
+        words[i] ^= bit
+        words[j] ^= bit
+        assert value_checksum(values) != clean, (i, j, bit)
+        words[i] ^= bit
+        words[j] ^= bit
+    assert value_checksum(values) == clean
+
+
+def test_fletcher32_shards_of_the_previous_format_still_read_checked(tmp_path) -> None:  # noqa: ANN001
+    from etn_cli.store import write_manifest
+
+    folder = tmp_path / "f32"
+    folder.mkdir()
+    rng = np.random.default_rng(2)
+    with h5py.File(folder / "shard-00000.h5", "w") as handle:
+        handle.attrs["etn_format"] = 1
+        for name, array in {"hidden": rng.normal(size=(6, 4)), "logits": rng.normal(size=(6, 2)),
+                            "labels": np.arange(6) % 2, "index": np.arange(6)}.items():  # fmt: skip
+            handle.create_dataset(name, data=array, fletcher32=True, chunks=array.shape)
+    write_manifest(folder, {"f32": True})
+    assert len(read_split(folder)) == 6
 
 
 def test_a_sealed_file_is_checked_before_it_is_parsed(tmp_path) -> None:  # noqa: ANN001

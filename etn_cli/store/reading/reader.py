@@ -107,7 +107,7 @@ def read_split(split_dir: Path, *, validate_checksums: bool = True) -> Features:
 def split_damage(split_dir: Path) -> str | None:
     """Why a split folder with a manifest cannot be used as it is, found cheaply (manifest,
     listed shards present, re-hashed where their size or time changed); None if it looks whole.
-    The shards' values are checked when they are read (HDF5 chunk checksums, finite values)."""
+    The shards' values are checked when they are read (recorded checksums, finite values)."""
     try:
         _check_listed_files(split_dir, load_manifest(split_dir), "changed")
     except EtnError as err:
@@ -116,13 +116,13 @@ def split_damage(split_dir: Path) -> str | None:
 
 
 def note_unchecked_chunks(split_dir: Path, layouts: list[ShardLayout]) -> None:
-    """Say once per split that shards written before chunk checksums carry none (a bit flipped
+    """Say once per split that shards written before value checksums carry none (a bit flipped
     in them with size and time unchanged is then found by ``etn verify`` only)."""
     if all(layout.checksummed for layout in layouts):
         return
     note_once(
-        f"note: the shards of {split_dir} carry no HDF5 chunk checksums (written by an older "
-        "etn); `etn verify` still checks them in full"
+        f"note: the shards of {split_dir} carry no checksums of their values (written by an "
+        "older etn); `etn verify` still checks them in full"
     )
 
 
