@@ -13,10 +13,14 @@ time, on the same batches:
    under autocast with ``--dtype``, or the LM's ``model(**x, logits_to_keep=1)`` (next-token
    logits at the last position only, the part of the output an answer letter needs): the
    reference;
-2. ``loader alone``: iterating the backbone's loader (images: normalisation, pinned memory on
-   CUDA; LLM: tokenisation and left padding);
-3. ``extract_batch``: what extract runs per batch (host-to-device copy, the hidden state and
-   letter logits or hooks, float32 copies back to the host), inputs already loaded;
+2. ``loader alone``: iterating the backbone's loader (images: stacking the pixels, pinned
+   memory on CUDA; LLM: tokenisation and left padding); ``loader, first batch``: the wait for
+   its first batch (starting ``--workers`` processes and filling one batch), which a short
+   split pays in full and a long one once;
+3. ``extract_batch``: what extract runs per batch (host-to-device copy, normalisation on the
+   device, the hidden state and letter logits or hooks, float32 copies back to the host),
+   inputs already loaded; ``loader + extract_batch, nothing stored``: the two together, as
+   extract runs them, with the outputs dropped;
 4. ``extract, writer inline`` / ``extract, writer thread``: the loader + ``extract_batch`` +
    the share of a single process, as ``etn extract`` writes it (``open_share``: the batches
    still to run, a resumable ``ShardWriter`` with its journal, fsync and sha256 per shard), fed
@@ -24,9 +28,14 @@ time, on the same batches:
    the thread on a GPU (``shard_sink``); ``(etn)`` marks the one it uses here.
 
 On CUDA a last column gives each step's peak GPU memory, weights included
-(``torch.cuda.max_memory_allocated``).
-Images are float tensors, so the loader only normalises them; JPEG decoding, which dominates
-real ImageNet extraction unless ``[data] workers`` is large enough, is left out on purpose.
+(``torch.cuda.max_memory_allocated``). With ``--dtype bfloat16`` or ``float16`` a second table
+compares the half-precision extraction of the first ``--compare-batches`` batches with a float32
+twin of the same weights (torchvision: the same module without autocast; LLM: the saved folder
+loaded again in float32): the relative error of the hidden state and of the logits per row
+(median and largest), the largest logit difference, and how often the predicted class agrees.
+Images are uint8 tensors, as decoded JPEGs are, so the loader only stacks them (the backbone
+normalises each batch on the device); JPEG decoding, which dominates real ImageNet extraction
+unless ``[data] workers`` is large enough, is left out on purpose.
 The LLM prompts are 512 tokens by default, about a RACE article with its question and choices
 under the ``default`` template (OBQA's are near 50); batch 16 is ``[data] batch_size`` of
 ``pipelines/race_llama3.toml``, whose ``layers = ["all"]`` is ``--capture-layers all``.
@@ -51,7 +60,7 @@ import argparse
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +114,7 @@ class Case:
     split: Split
     batches: list  # the loader's inputs, on the host
     forward: Callable[[], None]  # the model alone on the same batches, already on the device
+    float32_twin: Callable[[], Any]  # the same weights computing in float32
 
 
 def torchvision_case(args: argparse.Namespace, scratch: Path) -> Case:
@@ -114,12 +124,13 @@ def torchvision_case(args: argparse.Namespace, scratch: Path) -> Case:
     backbone = TorchvisionBackbone(config, scratch, args.device)
     n = args.batch * args.batches
     generator = torch.Generator().manual_seed(0)
-    images = torch.rand(n, 3, args.image_size, args.image_size, generator=generator)
+    size = (n, 3, args.image_size, args.image_size)
+    images = torch.randint(0, 256, size, dtype=torch.uint8, generator=generator)  # decoded
     split = Split("random", "test", TensorDataset(images, torch.zeros(n, dtype=torch.int64)),
                   np.arange(n), 1000)  # fmt: skip
     batches = [b for b, _, _ in backbone.loader(split, args.batch)]
-    on_device = [b.to(device) for b in batches]
     model = backbone.model
+    on_device = [backbone.prepare(b) for b in batches]  # normalised, as the model takes them
 
     def forward() -> None:
         with torch.inference_mode(), backbone.autocast():
@@ -128,7 +139,13 @@ def torchvision_case(args: argparse.Namespace, scratch: Path) -> Case:
 
     title = (f"{args.model}, {n} images of {args.image_size}x{args.image_size}, batch "
              f"{args.batch}, {args.dtype} on {device}, best of {args.repeats}")  # fmt: skip
-    return Case(title, "images", backbone, split, batches, forward)
+
+    def float32_twin() -> TorchvisionBackbone:
+        twin = TorchvisionBackbone(replace(config, dtype="float32"), scratch, args.device)
+        twin.model.load_state_dict(model.state_dict())
+        return twin
+
+    return Case(title, "images", backbone, split, batches, forward, float32_twin)
 
 
 def llm_case(args: argparse.Namespace, scratch: Path) -> Case:
@@ -171,7 +188,11 @@ def llm_case(args: argparse.Namespace, scratch: Path) -> Case:
         f"of {args.prompt_tokens} tokens, batch {args.batch}, {args.dtype} on {device}, "
         f"best of {args.repeats}"
     )
-    return Case(title, "prompts", backbone, split, batches, forward)
+
+    def float32_twin() -> CausalLMBackbone:
+        return CausalLMBackbone(replace(config, dtype="float32"), scratch / "cache", args.device)
+
+    return Case(title, "prompts", backbone, split, batches, forward, float32_twin)
 
 
 def measure(case: Case, args: argparse.Namespace) -> None:
@@ -188,6 +209,13 @@ def measure(case: Case, args: argparse.Namespace) -> None:
     def loader_alone() -> None:
         for _ in backbone.loader(split, args.batch, workers=args.workers, pin_memory=pin):
             pass
+
+    def first_batch() -> None:
+        next(iter(backbone.loader(split, args.batch, workers=args.workers, pin_memory=pin)))
+
+    def no_store() -> None:
+        for x, _, _ in backbone.loader(split, args.batch, workers=args.workers, pin_memory=pin):
+            backbone.extract_batch(x)
 
     def extract(threaded: bool) -> Callable[[], None]:
         def run() -> None:
@@ -206,7 +234,9 @@ def measure(case: Case, args: argparse.Namespace) -> None:
     runs = {
         "forward (reference)": case.forward,
         "loader alone": loader_alone,
+        "loader, first batch": first_batch,
         "extract_batch": extract_batches,
+        "loader + extract_batch, nothing stored": no_store,
         "extract, writer inline" + ("" if used else " (etn)"): extract(threaded=False),
         "extract, writer thread" + (" (etn)" if used else ""): extract(threaded=True),
     }
@@ -222,6 +252,33 @@ def measure(case: Case, args: argparse.Namespace) -> None:
         reference = reference or seconds
         peak = f" {torch.cuda.max_memory_allocated() / 2**30:.1f} |" if pin else ""
         print(f"| {name} | {seconds:.3f} | {n / seconds:.0f} | {seconds / reference:.2f} |{peak}")
+
+
+def compare_precision(case: Case, args: argparse.Namespace) -> None:
+    """Print how far the ``args.dtype`` extraction of the first batches is from float32's."""
+    batches = case.batches[: args.compare_batches]
+    half = [case.backbone.extract_batch(x)[:2] for x in batches]
+    twin = case.float32_twin()
+    full = [twin.extract_batch(x)[:2] for x in batches]
+    del twin
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+    def rows(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.cat([h[i] for h in half]).double(), torch.cat([f[i] for f in full]).double())
+
+    n = sum(len(h[0]) for h in half)
+    print(f"\n{args.dtype} against float32 with the same weights, {n} {case.unit}")
+    print("| output | median rel. error | largest rel. error | largest abs. difference |")
+    print("|---|---:|---:|---:|")
+    for i, name in enumerate(("hidden state", "logits")):
+        low, ref = rows(i)
+        error = (low - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-12)  # (N,)
+        print(f"| {name} | {error.median():.2e} | {error.max():.2e} | "
+              f"{(low - ref).abs().max():.3g} |")  # fmt: skip
+    low, ref = rows(1)
+    agree = (low.argmax(1) == ref.argmax(1)).double().mean()
+    print(f"predicted class agrees on {100 * agree:.2f}% of the {n} {case.unit}")
 
 
 def main() -> None:
@@ -251,10 +308,18 @@ def main() -> None:
         choices=["none", "all"],
         help="also store every decoder layer at the last token (layers = ['all'], for dmm)",
     )
+    parser.add_argument(
+        "--compare-batches",
+        type=int,
+        default=4,
+        help="batches compared with a float32 twin when --dtype is half precision (0: none)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="etn-bench-") as scratch:
         case = (llm_case if args.backbone == "llm" else torchvision_case)(args, Path(scratch))
         measure(case, args)
+        if args.dtype != "float32" and args.compare_batches > 0:
+            compare_precision(case, args)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ def test_own_checkpoints_give_the_models_hidden_state_and_logits(checkpoints, op
     x = torch.randn(3, 3, 32, 32)
     options = {k: str(folder / v) if k == "checkpoint" else v for k, v in options.items()}
     hidden, logits, weight, bias, backbone = outputs(Config(**options), x)
+    x = backbone.prepare(x)  # extract_batch takes the loader's pixels and normalises them
     with torch.no_grad():
         expected_hidden = torch.nn.Sequential(*list(model.children())[:-1])(x).flatten(1)
         expected_logits = model(x)

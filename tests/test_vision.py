@@ -15,7 +15,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from etn_cli.backbones import backbones
-from etn_cli.backbones.image_inputs import ImageTransform, spec_from_weights
+from etn_cli.backbones.image_inputs import ImageTransform, collate_images, spec_from_weights
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
 from etn_cli.backbones.torchvision_weights import forced_weights_only
 from etn_cli.datasets import datasets
@@ -58,7 +58,7 @@ def test_logits_are_the_classifier_applied_to_the_hidden_state(tmp_path, model, 
     assert hidden.shape == (3, width) and logits.shape == (3, CLASSES)
     torch.testing.assert_close(hidden @ weights["weight"].T + weights["bias"], logits)
     with torch.no_grad():
-        torch.testing.assert_close(backbone.model(inputs), logits)  # the model's own output
+        torch.testing.assert_close(backbone.model(backbone.prepare(inputs)), logits)  # own output
 
 
 def test_batched_extraction_equals_one_sample_at_a_time(resnet: TorchvisionBackbone) -> None:
@@ -94,7 +94,8 @@ def test_layers_are_pooled_over_height_and_width(resnet: TorchvisionBackbone) ->
     torch.testing.assert_close(extras["layer4"], hidden, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(extras["avgpool"], hidden)
     with torch.no_grad():
-        stem = resnet.model.maxpool(resnet.model.relu(resnet.model.bn1(resnet.model.conv1(inputs))))
+        x = resnet.prepare(inputs)
+        stem = resnet.model.maxpool(resnet.model.relu(resnet.model.bn1(resnet.model.conv1(x))))
         torch.testing.assert_close(extras["layer1"], resnet.model.layer1(stem).mean(dim=(2, 3)))
 
 
@@ -113,7 +114,7 @@ def test_odin_logits_equal_an_independent_autograd_computation(tmp_path: Path) -
 
     model = torchvision.models.resnet18(num_classes=CLASSES).eval()
     model.load_state_dict(backbone.model.state_dict())
-    x = inputs.clone().requires_grad_(True)
+    x = backbone.prepare(inputs).clone().requires_grad_(True)
     scaled = model(x) / t
     loss = F.cross_entropy(scaled, scaled.argmax(1), reduction="sum")  # -sum log S_yhat
     (grad,) = torch.autograd.grad(loss, x)
@@ -149,7 +150,7 @@ def test_local_checkpoints_load_and_set_the_classes(tmp_path: Path, fmt: str, na
     inputs, _, _ = first_batch(backbone, fake(size=2), 2)
     _, logits, _ = backbone.extract_batch(inputs)
     with torch.no_grad():
-        torch.testing.assert_close(logits, reference(inputs))
+        torch.testing.assert_close(logits, reference(backbone.prepare(inputs)))
     assert backbone.fingerprint()["weights"]["sha256"] != make(tmp_path).fingerprint()["weights"]
 
 
@@ -211,6 +212,20 @@ def test_preprocessing_from_weights_equals_torchvisions_own_transforms() -> None
     expected = weights.transforms()(image)
     assert ours(image).shape == (3, 224, 224)
     torch.testing.assert_close(ours(image), expected)
+
+
+def test_the_loader_gives_uint8_pixels_normalised_on_the_device_as_one_transform(
+    tmp_path: Path,
+) -> None:
+    backbone, split = make(tmp_path, resize=40, crop=36), fake(size=5)
+    pixels, _, index = first_batch(backbone, split, 5)
+    assert pixels.dtype == torch.uint8 and pixels.shape == (5, 3, 36, 36)  # a quarter the bytes
+    per_image = torch.stack([backbone.transform(split.data[i][0]) for i in range(len(index))])
+    assert torch.equal(backbone.prepare(pixels), per_image)  # bit for bit
+    floats = [(backbone.transform.pixels(split.data[0][0]).float() / 255, 0, 0)]
+    mixed, _, _ = collate_images(floats + [(pixels[1], 0, 1)])  # float and uint8 images
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(backbone.prepare(mixed)[1], per_image[1])
 
 
 def test_transform_options_override_and_enter_the_fingerprint(tmp_path: Path) -> None:

@@ -7,6 +7,13 @@ ResNet50 ``IMAGENET1K_V2``: resize 232, crop 224, bilinear, ImageNet mean / std)
 result is identical to theirs. Otherwise the default is no resize, no crop and ImageNet's
 mean / std; each of ``resize``, ``crop``, ``mean``, ``std`` and ``interpolation`` in the
 backbone's options overrides its part (``resize = 0`` / ``crop = 0``: none).
+
+The loader runs the first three per image in its worker processes (:meth:`ImageTransform.pixels`:
+a decoded image stays uint8, a quarter of float32's bytes to copy between processes and to the
+GPU) and the backbone runs the last two on whole batches on its device
+(:meth:`ImageTransform.normalize`), as timm's prefetching loader and DALI do. The values are
+the same as one per-image transform's, bit for bit: the same elementwise operations in the same
+order (``tests/test_vision.py``).
 """
 
 from __future__ import annotations
@@ -74,12 +81,18 @@ def override(spec: TransformSpec, **options: Any) -> TransformSpec:
 
 
 class ImageTransform:
-    """PIL image (or uint8 / float CHW tensor) -> normalised float tensor (3, H, W)."""
+    """PIL image (or uint8 / float CHW tensor) -> normalised float tensor (3, H, W), in two
+    steps: :meth:`pixels` per image, :meth:`normalize` per batch on any device."""
 
     def __init__(self, spec: TransformSpec) -> None:
         self.spec = spec
 
     def __call__(self, image: Any) -> torch.Tensor:
+        return self.normalize(self.pixels(image))  # (3, H, W)
+
+    def pixels(self, image: Any) -> torch.Tensor:
+        """Resized and cropped, as a (3, H, W) tensor of the image's own type: uint8 for PIL
+        images and uint8 tensors, float (in [0, 1]) for float tensors."""
         from torchvision.transforms import InterpolationMode
         from torchvision.transforms import functional as F
 
@@ -93,15 +106,22 @@ class ImageTransform:
             image = F.center_crop(image, [s.crop])
         if not isinstance(image, torch.Tensor):
             image = F.pil_to_tensor(image)
-        image = F.convert_image_dtype(image, torch.float)
-        return F.normalize(image, mean=list(s.mean), std=list(s.std))  # (3, H, W)
+        return image
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(..., 3, H, W) pixels -> float32 in [0, 1] -> ``(x - mean) / std`` per channel."""
+        from torchvision.transforms import functional as F
+
+        x = F.convert_image_dtype(pixels, torch.float)
+        return F.normalize(x, mean=list(self.spec.mean), std=list(self.spec.std))
 
     def std(self) -> torch.Tensor:
         return torch.tensor(self.spec.std).view(1, -1, 1, 1)  # (1, 3, 1, 1)
 
 
 class TransformedImages(Dataset):
-    """``(image tensor, label, index)`` of a split: the index travels with its sample."""
+    """``(pixels, label, index)`` of a split (:meth:`ImageTransform.pixels`, not yet
+    normalised): the index travels with its sample."""
 
     def __init__(self, data: Dataset, index: np.ndarray, transform: ImageTransform) -> None:
         self.data, self.index, self.transform = data, index, transform
@@ -111,20 +131,26 @@ class TransformedImages(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
         image, label = self.data[i]
-        return self.transform(image), int(label), int(self.index[i])
+        return self.transform.pixels(image), int(label), int(self.index[i])
 
 
 def collate_images(
     items: list[tuple[torch.Tensor, int, int]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack ``(inputs (B, 3, H, W), labels (B,), index (B,))``; unequal sizes raise."""
+    """Stack ``(inputs (B, 3, H, W), labels (B,), index (B,))``; unequal sizes raise. Images
+    of one type stay in it (uint8 pixels stay uint8); a mix becomes float in [0, 1]."""
     sizes = sorted({tuple(image.shape) for image, _, _ in items})
     if len(sizes) > 1:
         raise EtnError(
             f"Images of one batch have the sizes {sizes[:3]}; the model needs one size. Set "
             "crop = N (and resize) in the pipeline's [backbone] table."
         )
-    inputs = torch.stack([image for image, _, _ in items])
+    images = [image for image, _, _ in items]
+    if len({image.dtype for image in images}) > 1:
+        from torchvision.transforms.functional import convert_image_dtype
+
+        images = [convert_image_dtype(image, torch.float) for image in images]
+    inputs = torch.stack(images)
     labels = torch.tensor([label for _, label, _ in items], dtype=torch.int64)
     index = torch.tensor([i for _, _, i in items], dtype=torch.int64)
     return inputs, labels, index

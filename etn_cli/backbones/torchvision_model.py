@@ -232,8 +232,10 @@ class TorchvisionBackbone(Backbone):
     def loader(
         self, split: Split, batch_size: int, workers: int = 0, pin_memory: bool = False
     ) -> DataLoader:
-        """``(inputs (B, 3, H, W), labels (B,), index (B,))`` batches of ``split`` in order,
-        preprocessed in ``workers`` processes, in pinned memory when asked (CUDA)."""
+        """``(pixels (B, 3, H, W), labels (B,), index (B,))`` batches of ``split`` in order,
+        resized and cropped in ``workers`` processes, in pinned memory when asked (CUDA);
+        :meth:`extract_batch` and :meth:`forward` normalise them on the device
+        (:meth:`prepare`)."""
         data = TransformedImages(split.data, split.index, self.transform)
         return DataLoader(
             data,
@@ -269,17 +271,22 @@ class TorchvisionBackbone(Backbone):
             own_model.features_output(seen.features, hidden, self.config.features, self.head_name)
         return hidden.float(), logits.float(), seen.layers
 
+    def prepare(self, pixels: torch.Tensor) -> torch.Tensor:
+        """A batch of the loader's pixels (B, 3, H, W) on the device, normalised there."""
+        return self.transform.normalize(pixels.to(self.device, non_blocking=True))
+
     @torch.inference_mode()
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = inputs.to(self.device, non_blocking=True)
-        hidden, logits, _ = self.run(x, with_layers=False)
+        hidden, logits, _ = self.run(self.prepare(inputs), with_layers=False)
         return hidden.cpu(), logits.cpu()
 
     def extract_batch(
         self, inputs: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """``hidden``, ``logits``, the pooled ``layers`` and, with ``odin``, ODIN's logits."""
-        x = inputs.to(self.device, non_blocking=True)
+        """``hidden``, ``logits``, the pooled ``layers`` and, with ``odin``, ODIN's logits of
+        a batch of the loader's pixels."""
+        with torch.no_grad():  # an ordinary tensor, which ODIN differentiates
+            x = self.prepare(inputs)
         with torch.inference_mode():
             hidden, logits, extras = self.run(x, with_layers=True)
         if self.config.odin:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -87,8 +88,10 @@ def train_classifier(
     device: torch.device,
     amp_dtype: torch.dtype | None,
     desc: str,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[dict[str, float]]:
     """Minimise the mean cross-entropy with ``cfg``'s optimiser; per-epoch loss and accuracy.
+    ``normalize`` turns the loader's pixel batches, on the device, into the model's inputs.
 
     ``amp_dtype`` (bfloat16 / float16) turns on autocast, on CUDA only; float16 also scales
     the loss against gradient underflow."""
@@ -103,7 +106,7 @@ def train_classifier(
     for epoch in progress.bar(range(cfg.epochs), desc):
         started, total, correct, seen = time.perf_counter(), 0.0, 0, 0
         for inputs, labels, _ in loader:
-            x = inputs.to(device, non_blocking=True)
+            x = normalize(inputs.to(device, non_blocking=True))
             y = labels.to(device, non_blocking=True)
             if cfg.augment:
                 x = augment(x, generator)
@@ -171,7 +174,8 @@ def finetune_backbone(backbone: Any, train: Any, settings: dict[str, Any], out_d
         loader = train_loader(backbone, train, cfg)
         amp = None if backbone.dtype == "float32" else DTYPES[backbone.dtype]
         desc = f"finetune {backbone.config.model}"
-        history = train_classifier(model, loader, cfg, backbone.device, amp, desc)
+        normalize = backbone.transform.normalize
+        history = train_classifier(model, loader, cfg, backbone.device, amp, desc, normalize)
     model.eval()
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(state, str(out_dir / FINETUNED_FILE))
