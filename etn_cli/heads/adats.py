@@ -116,10 +116,26 @@ class CondVAETemperature(nn.Module):
 
     def temperature(self, u: torch.Tensor) -> torch.Tensor:
         """``T = softplus(g(l))``, ``l_c = sum_k log N(u_k | m_ck, s_ck^2)`` per class (B,)."""
+        return (
+            F.softplus(self.temperature_net(self.log_density(u))).squeeze(-1).clamp_min(MIN_SCALE)
+        )
+
+    def log_density(self, u: torch.Tensor) -> torch.Tensor:
+        """``l_c(u)`` (B, C) by expanding the square: ``-u^2 . 1/(2 s_c^2) + u . m_c / s_c^2 +
+        const_c``, one (B, 2K) x (2K, C) product instead of a (B, C, K) tensor (about 25 passes
+        over B C K values forward and backward, a third of a step at C = 1,000)."""
+        mean, scale = self.prior()  # (C, K)
+        precision = scale**-2
+        const = (-0.5 * mean**2 * precision - scale.log()).sum(-1)  # (C,)
+        weights = torch.cat([-0.5 * precision, mean * precision], 1)  # (C, 2K)
+        k = u.shape[-1]
+        return torch.cat([u**2, u], -1) @ weights.T + (const - 0.5 * k * math.log(2 * math.pi))
+
+    def log_density_direct(self, u: torch.Tensor) -> torch.Tensor:
+        """:meth:`log_density` term by term over a (B, C, K) tensor (the reference's form)."""
         mean, scale = self.prior()
         std = (u.unsqueeze(-2) - mean) / scale  # (B, C, K)
-        log_density = (-0.5 * std**2 - scale.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
-        return F.softplus(self.temperature_net(log_density)).squeeze(-1).clamp_min(MIN_SCALE)
+        return (-0.5 * std**2 - scale.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
 
     @property
     def b(self) -> torch.Tensor:
