@@ -84,6 +84,25 @@ def test_vector_etn_predicts_one_gamma_per_class(data):
     assert (shape > 0).all() and (rate > 0).all()
 
 
+def test_vector_etn_prediction_equals_the_mc_marginal_over_exact_gamma_quantiles(data, test_data):
+    """The vector variant's prediction (tabulated quantiles, one draw at a time) against the MC
+    marginal over gammaincinv's stratified draws (``quantile_draws``), with the shapes spread
+    from 1e-4 to beyond the table (3e7) by the shape net's last bias."""
+    head = ETN(variant="vector", epochs=1).fit(data.hidden, data.logits, data.labels)
+    with torch.no_grad():
+        head.net_.shape_net[-1].bias.copy_(torch.tensor([-20.0, -1.0, 30.0, 3e7]))
+    h, z = torch.as_tensor(test_data.hidden), torch.as_tensor(test_data.logits)
+    with torch.no_grad():
+        shape, rate = head.net_(h)
+        draws = head.quantile_draws(shape.double().numpy(), rate.double().numpy())
+        alpha = F.softplus(torch.from_numpy(draws) * z.double()) + head.b_.double()
+    assert shape.min() < 2e-4 and shape.max() > 1e7
+    got = head.predict(test_data.hidden, test_data.logits)
+    expected = (alpha / alpha.sum(-1, keepdim=True)).mean(0).numpy()
+    np.testing.assert_allclose(got.probs, expected, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(got.alpha, alpha.mean(0).numpy(), rtol=1e-7)
+
+
 def test_matrix_etn_loss_equals_an_independent_computation_with_the_full_covariance(data):
     """The training loss (MC NLL + KL + ODIR) against torch.distributions with the explicit
     C^2 x C^2 covariance kron(B, D) and the same standard-normal draws."""

@@ -132,3 +132,31 @@ def test_table_gamma_gradient_is_unbiased_for_the_mean():
     normal = torch.randn(50, 4000, generator=torch.Generator().manual_seed(2))
     _, dxdk = table_gamma(shape, normal, quantile_table())
     assert abs(dxdk.double().mean().item() - 1.0) < 0.01  # d E[x] / dk = 1
+
+
+@pytest.mark.parametrize("draws", [20, 7])
+def test_level_gamma_equals_scipys_quantiles_at_the_stratified_levels_at_every_shape(draws):
+    """The prediction's tabulated quantiles (LevelGamma) against gammaincinv, for shapes from
+    5e-5 (below the table, where gammaincinv is called) through the table's ends to 3e7 (above
+    it): 1e-7 relative wherever the quantile is a normal float64, below 1e-270 where it
+    underflows."""
+    from scipy.special import gammaincinv
+
+    from etn_cli.heads import gamma_sampling as gs
+
+    rng = np.random.default_rng(draws)
+    ends = np.exp([gs.LEVEL_LOG_K_MIN, gs.LEVEL_LOG_K_MAX])
+    edges = [5e-5, ends[0], np.float32(1e-4), 0.01, 0.1, 1.0, 1e4, ends[1], 3e7]
+    shape = np.concatenate([np.exp(rng.uniform(np.log(5e-5), np.log(3e7), 3000)), edges])
+    shape = shape.reshape(3, -1)  # (n, K)
+    level = np.stack([rng.permutation(draws) for _ in range(shape.shape[1])], 1)  # (M, K)
+    x = gs.level_gamma(torch.from_numpy(shape), torch.from_numpy(level)).numpy()
+    expected = gammaincinv(shape[None], gs.level_quantiles(draws)[level][:, None])
+    assert x.shape == expected.shape == (draws, *shape.shape)
+    normal = expected > 1e-280
+    assert 0.6 < normal.mean() < 0.95  # both regimes are exercised
+    np.testing.assert_allclose(x[normal], expected[normal], rtol=1e-7, atol=0)
+    assert (x[~normal] < 1e-270).all() and (x >= 0).all()
+    # one draw at a time gives the same values
+    one = gs.LevelGamma(torch.from_numpy(shape), draws)(torch.from_numpy(level[3]))
+    np.testing.assert_array_equal(one.numpy(), x[3])

@@ -40,6 +40,7 @@ from etn_cli.heads.edl import (
     gamma_prior,
     inverse_softplus,
 )
+from etn_cli.heads.gamma_sampling import LevelGamma, level_quantiles
 from etn_cli.heads.matrix import (
     apply_softplus_diagonal,
     check_matrix_feasible,
@@ -253,12 +254,32 @@ class ETN(Head):
             mu, l_b, l_d = (t.double() for t in self.net_(h))  # (n, C, C) each
             a = apply_softplus_diagonal(mu + l_d @ self.fixed_noise()[:, None] @ l_b.mT)
             alpha = evidence(transform_logits(a, z.double()), self.b_.double())  # (M, n, C)
+        elif self.config.variant == "vector":
+            return self._predict_vector_chunk(h, z)
         else:
             shape, rate = self.net_(h)  # (n, K)
             a = self.quantile_draws(shape.double().numpy(), rate.double().numpy())
             alpha = evidence(torch.from_numpy(a) * z.double(), self.b_.double())  # (M, n, C)
         probs = (alpha / alpha.sum(-1, keepdim=True)).mean(0)
         return probs.numpy(), alpha.mean(0).numpy()
+
+    def _predict_vector_chunk(self, h: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, ...]:
+        """The vector variant's draws of :meth:`quantile_draws`, from a table of the Gamma
+        quantile function at the M levels (1e-8 relative, :class:`LevelGamma`), one draw at a
+        time: ``(1/M) sum_m alpha_m / alpha_m0`` and ``(1/M) sum_m alpha_m`` (n, C) accumulate
+        without an (M, n, C) array."""
+        shape, rate = self.net_(h)  # (n, C)
+        quantiles = LevelGamma(shape, self.config.mc_samples)
+        scale = z.double() / rate.double()
+        b = self.b_.double()
+        probs = torch.zeros(scale.shape, dtype=torch.float64)
+        total = torch.zeros(scale.shape, dtype=torch.float64)
+        for level in torch.from_numpy(self.level_order()):  # (C,) per draw
+            alpha = evidence(quantiles(level).mul_(scale), b)  # (n, C)
+            total += alpha
+            probs.addcmul_(alpha, 1 / alpha.sum(-1, keepdim=True))
+        m = self.config.mc_samples
+        return (probs / m).numpy(), (total / m).numpy()
 
     def quantile_draws(self, shape: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """M draws of ``a`` per row at the stratified quantiles ``(m - 1/2) / M`` (M, n, K).
@@ -268,14 +289,17 @@ class ETN(Head):
         other samples share its batch. Vector variants pair the per-class quantiles through
         fixed random permutations (Latin hypercube), keeping the classes independent.
         """
-        m = self.config.mc_samples
-        levels = (np.arange(m) + 0.5) / m  # (M,)
-        k = shape.shape[1]
-        order = np.random.default_rng(self.config.seed).permuted(
-            np.tile(np.arange(m), (k, 1)), axis=1
-        )
-        u = levels[order.T] if k > 1 else levels[:, None]  # (M, K)
+        u = level_quantiles(self.config.mc_samples)[self.level_order(shape.shape[1])]  # (M, K)
         return gammaincinv(shape[None], u[:, None, :]) / rate[None]  # (M, n, K)
+
+    def level_order(self, n_gammas: int | None = None) -> np.ndarray:
+        """Which of the M levels each draw of each Gamma takes (M, K): the draw's index for the
+        scalar variant, fixed random permutations per class for the vector variant."""
+        m, k = self.config.mc_samples, n_gammas or self.n_classes_
+        if k == 1:
+            return np.arange(m)[:, None]
+        rng = np.random.default_rng(self.config.seed)
+        return rng.permuted(np.tile(np.arange(m), (k, 1)), axis=1).T
 
     def fixed_noise(self) -> torch.Tensor:
         """The matrix variant's M standard-normal draws ``E`` (M, C, C), fixed by the seed and
