@@ -47,7 +47,7 @@ def etn(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {}), "COLUMNS": "200"},
-        timeout=300,
+        timeout=900,  # a hang guard: a full digits run on a loaded 2-core machine took 260 s
     )
 
 
