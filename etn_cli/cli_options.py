@@ -61,7 +61,9 @@ PipelineArg = Annotated[
     Path, typer.Argument(metavar="PIPELINE", help="A pipeline file, e.g. pipelines/digits.toml.")
 ]
 Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new copy swapped in).")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the results.")]
+Quiet = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Print only errors, repairs and the results.")
+]
 Verbose = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also say why each unit runs or is skipped.")
 ]

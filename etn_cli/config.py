@@ -43,23 +43,65 @@ def _positive(v: Any) -> bool:
     return v > 0 and math.isfinite(v)
 
 
+def _non_negative(v: Any) -> bool:
+    return v >= 0 and math.isfinite(v)
+
+
+POSITIVE = (_positive, "a finite number > 0")
+NON_NEGATIVE = (_non_negative, "a finite number >= 0")
+COUNT = (lambda v: v >= 1, "an integer >= 1")
+PERCENT = (lambda v: 0 <= v <= 100, "a percentage in [0, 100]")
+
+
 # Settings whose range is the same wherever they appear (heads, backbones, [data], [finetune]):
 # checked before any work, so a bad value is one line instead of an untrained head or a
 # traceback halfway through a run.
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "epochs": (lambda v: v >= 1, "an integer >= 1"),
-    "lr": (_positive, "a finite number > 0"),
-    "batch_size": (lambda v: v >= 1, "an integer >= 1"),
-    "mc_samples": (lambda v: v >= 1, "an integer >= 1"),
-    "members": (lambda v: v >= 1, "an integer >= 1"),
-    "passes": (lambda v: v >= 1, "an integer >= 1"),
-    "prior_mode": (_positive, "a finite number > 0"),
-    "prior_variance": (_positive, "a finite number > 0"),
-    "temperature": (_positive, "a finite number > 0"),
-    "kl_weight": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
-    "weight_decay": (lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0"),
+    "epochs": COUNT,
+    "lr": POSITIVE,
+    "batch_size": COUNT,
+    "mc_samples": COUNT,
+    "members": COUNT,
+    "passes": COUNT,
+    "prior_mode": POSITIVE,
+    "prior_variance": POSITIVE,
+    "temperature": POSITIVE,
+    "kl_weight": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
     "p": (lambda v: 0 <= v < 1, "a probability in [0, 1)"),
     "seed": (lambda v: v >= 0, "an integer >= 0"),
+    # ETN's Student-t degrees of freedom: its variance nu / (nu - 2) and the fused objective
+    # need nu > 1 (the paper's 1e4 is near-Gaussian)
+    "nu": (lambda v: v > 1 and math.isfinite(v), "a finite number > 1"),
+    "warmup_fraction": (lambda v: 0 <= v < 1, "a fraction of the epochs in [0, 1)"),
+    "momentum": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    # initial values, scales and rates of the other heads and scorers
+    "a_init": POSITIVE,
+    "b_init": POSITIVE,
+    "sigma_init": POSITIVE,
+    "length_scale": POSITIVE,
+    "ridge": POSITIVE,
+    "prior": POSITIVE,
+    "prior_lr": POSITIVE,
+    "lr_decay": POSITIVE,
+    "memory_limit_gib": POSITIVE,
+    "beta": NON_NEGATIVE,
+    "gradient_penalty": NON_NEGATIVE,
+    "odir_weight": NON_NEGATIVE,
+    # sizes and counts
+    "width": COUNT,
+    "depth": COUNT,
+    "latent_dim": COUNT,
+    "centroid_size": COUNT,
+    "random_features": COUNT,
+    "prior_steps": COUNT,
+    "k": COUNT,
+    "top_m": COUNT,
+    "dim": (lambda v: v >= 0, "an integer >= 0 (0: the paper's rule)"),
+    "percentile": PERCENT,
+    "lower_percentile": PERCENT,
+    "upper_percentile": PERCENT,
+    "sparsity": (lambda v: 0 <= v < 100, "a percentage in [0, 100)"),
 }
 
 

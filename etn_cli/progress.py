@@ -81,9 +81,13 @@ def counting(total: int) -> Iterator[None]:
         _state.total, _state.index, _state.nested = 0, 0, False
 
 
+REPAIR_PREFIX = "repair: "  # store.artefacts.sealed.repair_line
+
+
 def say(message: str) -> None:
-    """A line for a person at normal verbosity (stderr: stdout stays the results)."""
-    if _state.verbosity >= NORMAL:
+    """A line for a person at normal verbosity (stderr: stdout stays the results). A repair
+    line (``repair: ...``) is a warning: damage found and rebuilt is said even with ``-q``."""
+    if _state.verbosity >= NORMAL or message.startswith(REPAIR_PREFIX):
         print(message, file=sys.stderr, flush=True)
 
 

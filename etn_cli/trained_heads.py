@@ -24,7 +24,8 @@ def data_directory(data_dir: str | Path | None) -> Path:
 
 def read_head(folder: str | Path) -> Head:
     """Load the head in ``folder`` (``head.json`` + ``weights.safetensors``), checked against
-    the checksums in its ``train.json`` when ``etn train`` wrote it."""
+    the checksums in its ``train.json`` when ``etn train`` wrote it, else against the
+    ``checksums.sha256`` that ``Head.save`` writes."""
     from safetensors import SafetensorError
 
     folder = Path(folder)
@@ -34,10 +35,12 @@ def read_head(folder: str | Path) -> Head:
             f"{folder} is not a trained head folder ({' and '.join(missing)} missing). Point at "
             "a folder `etn train` wrote, <data-dir>/heads/<head>-<key>, or one Head.save wrote."
         )
-    if (folder / "train.json").is_file():  # etn train wrote it: check it against its record
-        from etn_cli.store.artefacts.headfiles import check_head_folder
+    from etn_cli.store.artefacts.headfiles import check_head_folder, check_saved_head
 
+    if (folder / "train.json").is_file():  # etn train wrote it: check it against its record
         check_head_folder(folder)
+    else:
+        check_saved_head(folder)
     try:
         return Head.load(folder)
     except (json.JSONDecodeError, KeyError, SafetensorError) as err:

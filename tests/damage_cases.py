@@ -52,7 +52,7 @@ KINDS = {
 }
 
 
-# Shards are checked in full where they are read (HDF5 chunk checksums), and a rerun of a
+# Shards are checked in full where they are read (recorded value checksums), and a rerun of a
 # finished pipeline reads none: for these kinds the metrics files go too, so the run reads them.
 READ_AGAIN = {"shard": "metrics/damage/*.parquet*"}
 

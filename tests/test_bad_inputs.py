@@ -322,6 +322,32 @@ CASES: dict[str, Case] = {
         lambda tmp, r: edited(digits_pipeline(tmp), "epochs = 2\n[data]", "chanels = 8\n[data]"),
         ("Unknown key 'chanels'", "Did you mean 'channels'?", "Allowed keys:"),
     ),
+    # ranges of head settings (config.RANGES): one line naming the key, the range and the value
+    "etn's nu at 1": Case(
+        "train",
+        lambda tmp, r: digits_pipeline(tmp, extra="nu = 1.0\n"),
+        ("key 'nu' must be a finite number > 1, got 1.0", "Fix the value"),
+    ),
+    "warmup over the whole run": Case(
+        "train",
+        lambda tmp, r: digits_pipeline(tmp, extra="warmup_fraction = 1.0\n"),
+        ("key 'warmup_fraction' must be a fraction of the epochs in [0, 1), got 1.0",),
+    ),
+    "negative warmup": Case(
+        "run",
+        lambda tmp, r: digits_pipeline(tmp, extra="warmup_fraction = -0.1\n"),
+        ("key 'warmup_fraction' must be a fraction of the epochs in [0, 1), got -0.1",),
+    ),
+    "DUQ with no centroid size": Case(
+        "train",
+        lambda tmp, r: digits_pipeline(tmp, head="duq", extra="centroid_size = 0\n"),
+        ("key 'centroid_size' must be an integer >= 1, got 0",),
+    ),
+    "SNGP with a zero length scale": Case(
+        "train",
+        lambda tmp, r: digits_pipeline(tmp, head="sngp", extra="length_scale = 0.0\n"),
+        ("key 'length_scale' must be a finite number > 0, got 0.0",),
+    ),
     # types
     "text where a number belongs": Case(
         "extract",

@@ -18,6 +18,7 @@ from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.calibration import apply_temperature, fit_temperature
 from etn_cli.registry import Registry
+from etn_cli.store.artefacts.headfiles import seal_head_files
 from etn_cli.store.atomic import honour_umask
 
 HEAD_FORMAT = 1
@@ -202,6 +203,7 @@ class Head:
             "selection": self.selection_,
         }
         (folder / "head.json").write_text(json.dumps(meta, indent=2))
+        seal_head_files(folder)  # checked by load_head where no train.json records them
 
     @classmethod
     def load(cls, folder: Path) -> Head:

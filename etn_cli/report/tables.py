@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import read_sealed
 
 COLUMN_TYPES: dict[str, pl.DataType] = {
@@ -46,6 +46,18 @@ OOD_SCORES = ("mp", "mi", "de")
 STANDARD_SCORES = ("mp", "um", "mi", "de")  # any other score is a method's own (md, knn, ...)
 
 
+def _sealed_metrics(path: Path) -> bytes:
+    """The file's bytes once its recorded sha256 agrees; damage says how to rebuild it."""
+    try:
+        return read_sealed(path)
+    except DamagedArtefact as err:
+        raise DamagedArtefact(
+            err.path,
+            f"{err} Re-run etn evaluate (or etn run) on its pipeline to rebuild it; etn verify "
+            "--repair removes it.",
+        ) from None
+
+
 def read_metrics(paths: list[Path]) -> pl.DataFrame:
     """Concatenate long-format metrics Parquet files, checking the required columns."""
     if not paths:
@@ -57,7 +69,7 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
             raise EtnError(f"Metrics file {path} does not exist. Run evaluate or fix the path.")
         # checked against its recorded sha256 before parsing: the Parquet reader can abort
         # the process on a damaged file
-        frame = parse_metrics_bytes(path, read_sealed(Path(path)))
+        frame = parse_metrics_bytes(path, _sealed_metrics(Path(path)))
         missing = [n for n in COLUMN_TYPES if n not in frame.columns and n not in OPTIONAL_COLUMNS]
         if missing:
             raise EtnError(

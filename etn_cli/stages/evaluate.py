@@ -53,6 +53,8 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
     check_plan_features(plan)
     heads = {unit.key: load_head(unit) for unit in todo}  # every checkpoint, before any write
     read = cache(read_split)
+    for split in (plan.test, *plan.ood):  # damaged shards are found before any lock or line
+        read(split.path)
     with explained_storage_errors():
         for unit in todo:
             ensure_writable(unit.path.parent)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.store.artefacts.headfiles import read_json_object
+from etn_cli.store.artefacts.sealed import without_advice
 from etn_cli.store.fingerprint import fingerprint_key
 from etn_cli.store.maintenance.leftovers import Leftover, clean_leftover, find_leftovers
 
@@ -37,7 +38,7 @@ class Damage:
     fix: str
 
     def line(self) -> str:
-        return f"DAMAGED {self.path}: {self.problem} Fix: {self.fix}"
+        return f"DAMAGED {self.path}: {without_advice(self.problem)} Fix: {self.fix}"
 
 
 @dataclass
@@ -58,9 +59,11 @@ class Verification:
         lines += [f"removed damaged {path}; the next etn run rebuilds it" for path in self.removed]
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(self.checked.items())) or "nothing"
         kept = len(self.leftovers) - len(self.cleaned)
+        removed = f" ({len(self.removed)} removed for the next etn run)" if self.removed else ""
+        cleaned = f" ({len(self.cleaned)} removed)" if self.cleaned else ""
         lines.append(
-            f"verified {counts} under {self.data_dir}: {len(self.damaged)} damaged, "
-            f"{kept} leftover(s) of interrupted runs, {len(self.cleaned)} removed"
+            f"verified {counts} under {self.data_dir}: {len(self.damaged)} damaged{removed}, "
+            f"{len(self.leftovers)} leftover(s) of interrupted runs{cleaned}"
         )
         if kept and not self.cleaned:
             lines.append("leftovers are harmless; `etn verify --clean-partials` removes them")

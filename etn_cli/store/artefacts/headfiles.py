@@ -2,8 +2,10 @@
 
 ``train.json`` records how the head was trained and the sha256 of the other two files, and is
 sealed by the sha256 of its own content (:mod:`.sealed`), so a changed or corrupt checkpoint is
-caught before it is scored or used to predict. Only JSON and safetensors are ever read; nothing
-here imports torch.
+caught before it is scored or used to predict. ``Head.save`` also writes ``checksums.sha256``
+(``sha256sum`` format) beside the two files, so a head saved from Python, without
+``train.json``, is checked too when it is loaded. Only JSON and safetensors are ever read;
+nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -16,16 +18,51 @@ from safetensors import SafetensorError, safe_open
 
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import check_record_seal
+from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import file_sha256
+from etn_cli.store.notes import note_once
 
 RECORD = "train.json"
 CHECKED_FILES = ("head.json", "weights.safetensors")
 HEAD_FIELDS = ("head", "config", "n_features", "n_classes")
+CHECKSUMS = "checksums.sha256"  # written by Head.save, for folders without train.json
 
 
 def head_checksums(folder: Path) -> dict[str, str]:
     """sha256 of ``head.json`` and ``weights.safetensors`` in ``folder``."""
     return {name: file_sha256(Path(folder) / name) for name in CHECKED_FILES}
+
+
+def seal_head_files(folder: Path) -> None:
+    """Record the sha256 of ``head.json`` and ``weights.safetensors`` in ``checksums.sha256``
+    (called by ``Head.save`` after writing both)."""
+    lines = "".join(f"{digest}  {name}\n" for name, digest in head_checksums(folder).items())
+    atomic_write_text(Path(folder) / CHECKSUMS, lines)
+
+
+def check_saved_head(folder: Path) -> None:
+    """Check a head folder without ``train.json`` against its ``checksums.sha256``; one that
+    has none (saved by an older etn) is said once to load unchecked."""
+    folder = Path(folder)
+    fix = "Save the head again (Head.save) or retrain it."
+    try:
+        text = (folder / CHECKSUMS).read_text(encoding="ascii")
+    except FileNotFoundError:
+        note_once(f"note: head folder {folder} carries no checksums (saved by an older etn)")
+        return
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    recorded = dict(reversed(line.split("  ", 1)) for line in text.splitlines() if "  " in line)
+    if set(recorded) != set(CHECKED_FILES) or any(len(d) != 64 for d in recorded.values()):
+        raise DamagedArtefact(folder, f"The checksum file {folder / CHECKSUMS} is damaged. {fix}")
+    for name, found in head_checksums(folder).items():
+        if found != recorded[name]:
+            raise DamagedArtefact(
+                folder,
+                f"Head folder {folder} is damaged: {name} has sha256 {found[:12]}… but "
+                f"{CHECKSUMS} records {recorded[name][:12]}…: the file changed or is corrupt. "
+                + fix,
+            )
 
 
 def check_head_folder(folder: Path) -> dict[str, Any]:

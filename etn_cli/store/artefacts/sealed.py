@@ -116,13 +116,18 @@ def check_record_seal(record: dict[str, Any], path: Path, unit: Path) -> None:
         )
 
 
-def repair_line(problem: object, action: str) -> str:
-    """``repair: <what is damaged> <what etn does about it>``: the problem without the advice
-    to delete and rebuild by hand that a refusal gives, since etn is doing just that."""
+def without_advice(problem: object) -> str:
+    """An error's problem without the advice to delete and rebuild by hand that a refusal gives
+    (for lines that give their own: a repair, ``etn verify``'s ``Fix:``)."""
     what = re.split(
         r"(?<=[.:]) (?=(?:Delete|Run etn|Regenerate|Re-run|Fix|Save it)\b)", str(problem)
     )
-    return f"repair: {what[0].strip()} {action}"
+    return what[0].strip()
+
+
+def repair_line(problem: object, action: str) -> str:
+    """``repair: <what is damaged> <what etn does about it>``, since etn is doing just that."""
+    return f"repair: {without_advice(problem)} {action}"
 
 
 def discard(path: Path) -> None:

@@ -162,11 +162,13 @@ def _read_checked(dataset: h5py.Dataset, out: np.ndarray, checksum, name: str, k
 
 @contextlib.contextmanager
 def open_shard(path: Path, where: str) -> Iterator[h5py.File]:
-    """Open a shard read-only; a truncated or corrupt file becomes an :class:`EtnError`."""
+    """Open a shard read-only; a truncated or corrupt file becomes an :class:`EtnError`, also
+    where it fails inside the ``with`` block (h5py raises ``KeyError`` when a damaged header
+    cannot open an object that the caller knows is there)."""
     try:
         with h5py.File(path, "r") as handle:
             yield handle
-    except OSError as error:
+    except (OSError, KeyError, RuntimeError) as error:
         raise EtnError(
             f"Expected {where} to be a readable HDF5 file, but reading it failed ({error}); it "
             f"may be truncated or corrupt. {REREAD_HINT}"
