@@ -6,12 +6,14 @@ non-zero exit: never a silent change, a traceback or a killed process. The exhau
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -26,6 +28,23 @@ from etn_cli.store.writing.shardfile import write_shard
 from etn_cli.store.writing.valuecheck import ATTRIBUTE, value_checksum
 
 OK = ("same", "refused")
+
+
+@contextlib.contextmanager
+def store_warnings() -> Iterator[list[logging.LogRecord]]:
+    """The warnings the ``etn.store`` logger emits inside the block, whatever level ``-q`` in
+    an earlier test left it at."""
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = said.append  # type: ignore[method-assign]
+    logger = logging.getLogger("etn.store")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.WARNING
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+        logger.level = level
 
 
 @pytest.fixture(scope="module")
@@ -119,18 +138,9 @@ def test_old_shards_without_value_checksums_still_read(tmp_path) -> None:  # noq
         handle["hidden"], handle["logits"] = rng.normal(size=(6, 4)), rng.normal(size=(6, 2))
         handle["labels"], handle["index"] = np.arange(6) % 2, np.arange(6)
     write_manifest(folder, {"old": True})
-    said: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = said.append  # type: ignore[method-assign]
-    logger = logging.getLogger("etn.store")
-    logger.addHandler(handler)
-    level, logger.level = logger.level, logging.WARNING  # whatever -q an earlier test gave
-    try:
+    with store_warnings() as said:
         assert len(read_split(folder)) == 6
         read_split(folder)
-    finally:
-        logger.removeHandler(handler)
-        logger.level = level
     notes = [r for r in said if "carry no checksums of their values" in r.getMessage()]
     assert len(notes) == 1  # said once (the CLI shows the etn logger on stderr)
 
@@ -392,17 +402,8 @@ def test_a_head_folder_an_older_etn_saved_without_checksums_loads_with_a_note(tm
     f = make_features()
     heads.get("map")().fit(f.hidden, f.logits, f.labels).save(tmp_path)
     (tmp_path / "checksums.sha256").unlink()
-    said: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = said.append  # type: ignore[method-assign]
-    logger = logging.getLogger("etn.store")
-    logger.addHandler(handler)
-    level, logger.level = logger.level, logging.WARNING  # whatever -q an earlier test gave
-    try:
+    with store_warnings() as said:
         assert etn_cli.load_head(tmp_path).n_classes_ == 4
-    finally:
-        logger.removeHandler(handler)
-        logger.level = level
     assert any("carries no checksums" in r.getMessage() for r in said)
 
 

@@ -71,11 +71,16 @@ class _VectorLogDensity(torch.autograd.Function):
 _compiled: dict[str, Callable] = {}
 
 
-def _kernel() -> Callable:
-    if "kernel" not in _compiled:
+def _compiled_once(key: str, function: Callable) -> Callable:
+    """``function`` compiled by ``torch.compile`` on first use, once per process."""
+    if key not in _compiled:
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        _compiled["kernel"] = torch.compile(vector_density, dynamic=True)
-    return _compiled["kernel"]
+        _compiled[key] = torch.compile(function, dynamic=True)
+    return _compiled[key]
+
+
+def _kernel() -> Callable:
+    return _compiled_once("kernel", vector_density)
 
 
 def vector_log_density(
@@ -137,10 +142,7 @@ class _GammaLogDensity(torch.autograd.Function):
 
 
 def _gamma_kernel() -> Callable:
-    if "gamma" not in _compiled:
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        _compiled["gamma"] = torch.compile(gamma_density, dynamic=True)
-    return _compiled["gamma"]
+    return _compiled_once("gamma", gamma_density)
 
 
 def vector_gamma_log_density(
