@@ -311,3 +311,34 @@ def test_ib_edls_compiled_risk_equals_the_eager_one_with_its_gradients():
         results.append((value.detach(), *(t.grad for t in leaves)))
     for eager, fused in zip(*results, strict=True):
         torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_ib_edls_closed_form_gradients_equal_float64_autograd():
+    from etn_cli.heads.ib_edl import risk_and_gradients, sampled_risk
+
+    generator = torch.Generator().manual_seed(2)
+    mu = torch.randn(8, 30, generator=generator, dtype=torch.float64) * 4
+    sigma = torch.rand(8, 30, generator=generator, dtype=torch.float64) + 0.05
+    noise = torch.randn(5, 8, 30, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 30, (8,), generator=generator)
+    b = torch.tensor([0.3], dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (mu, sigma, b)]
+    weights = torch.rand(8, generator=generator, dtype=torch.float64)  # a row-weighted upstream
+    risk = sampled_risk(leaves[0], leaves[1], noise, leaves[2], labels)
+    (risk * weights).sum().backward()
+    onehot = torch.nn.functional.one_hot(labels, 30).double()
+    value, d_mu, d_sigma, d_b = risk_and_gradients(mu, sigma, noise, b, onehot)
+    torch.testing.assert_close(value, risk.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(weights[:, None] * d_mu, leaves[0].grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(weights[:, None] * d_sigma, leaves[1].grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close((weights * d_b).sum().reshape(1), leaves[2].grad, rtol=1e-10, atol=0)
+
+
+def test_ib_edls_compiled_accuracy_pass_equals_its_prediction_concentrations(data):
+    head = IBEDL(epochs=1, batch_size=64).fit(
+        data.hidden, data.logits, data.labels, classifier=classifier_of(data)
+    )
+    hidden = torch.from_numpy(data.hidden)
+    eager = head._mean_alpha(hidden, torch.float32)
+    fused = head._mean_alpha(hidden, torch.float32, fused=True)
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
