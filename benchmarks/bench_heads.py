@@ -26,14 +26,22 @@ comparable since ETN gets the same epochs). At ImageNet shape SNGP uses the refe
 shared covariance and DUQ a centroid size of 16 (``SHAPE_HEADS``): the defaults' per-class
 covariances (4 GiB) and 512-wide centroids (1 G weights) do not fit.
 
+``--floors`` adds each head's floor on this machine: the matrix-product FLOPs of its fit
+(``torch.utils.flop_counter``, counted on 2,000 rows at one and two epochs and scaled to the
+run's rows and epochs; elementwise work is not counted) over the float32 product rate of a
+64 x 2,048 x 1,000 product measured in the same run. ``x floor`` is the measured time over it:
+what overhead is left to remove; a floor above a time goal means the goal needs a faster
+machine, not faster code.
+
     python benchmarks/bench_heads.py [--heads etn etn:vector static] [--shape cifar|imagenet|llm]
-        [--epochs 5] [--no-scorers]
+        [--epochs 5] [--no-scorers] [--floors]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -79,6 +87,51 @@ def features(rows: int, dim: int, classes: int, seed: int) -> tuple:
     return hidden, hidden @ weight.T, labels, classifier, layers
 
 
+def product_rate(repeats: int = 50) -> float:
+    """FLOP/s of a float32 64 x 2,048 by 2,048 x 1,000 product (a batch through a head's widest
+    layer at ImageNet shape), the median of ``repeats`` on the threads torch is given."""
+    a, b = torch.randn(64, 2048), torch.randn(2048, 1000)
+    times = []
+    for _ in range(repeats + 5):
+        started = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - started)
+    return 2 * 64 * 2048 * 1000 / float(np.median(times[5:]))
+
+
+def counted_flops(make_head, data: tuple, epochs: int | None) -> float:
+    """Matrix-product FLOPs of one fit (eager: compiled kernels are elementwise work)."""
+    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415
+
+    h, z, y, classifier, layers = data
+    head = make_head({"epochs": epochs} if epochs else {})
+    compile_setting = os.environ.get("ETN_COMPILE")
+    os.environ["ETN_COMPILE"] = "0"
+    try:
+        with FlopCounterMode(display=False) as counter:
+            head.fit(h, z, y, classifier=classifier, layers=layers)
+    finally:
+        if compile_setting is None:
+            os.environ.pop("ETN_COMPILE")
+        else:
+            os.environ["ETN_COMPILE"] = compile_setting
+    return counter.get_total_flops()
+
+
+def floor_seconds(make_head, data: tuple, epochs: int | None, rate: float) -> float:
+    """The fit's matrix-product FLOPs at ``epochs`` over ``rate``: per epoch and fixed parts
+    counted on 2,000 rows (one and two epochs) and scaled to the data's rows."""
+    rows = len(data[0])
+    if not epochs:  # no epochs: one fit on all rows
+        return counted_flops(make_head, data, None) / rate
+    part = min(rows, 2000)
+    small = (data[0][:part], data[1][:part], data[2][:part], data[3],
+             {k: v[:part] for k, v in data[4].items()})  # fmt: skip
+    one, two = (counted_flops(make_head, small, e) for e in (1, 2))
+    per_epoch, fixed = two - one, 2 * one - two
+    return (fixed + epochs * per_epoch) * rows / part / rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     others = [n for n in heads.names() if n not in SCORERS]
@@ -87,6 +140,7 @@ def main() -> None:
     parser.add_argument("--fit-rows", type=int, default=128_000, help="ID rows for the scorers")
     parser.add_argument("--epochs", type=int, help="train every head this many epochs")
     parser.add_argument("--no-scorers", action="store_true", help="skip bench_scorers")
+    parser.add_argument("--floors", action="store_true", help="add each fit's product floor")
     args = parser.parse_args()
     rows, dim, classes, shape_settings = SHAPES[args.shape]
     if args.epochs:
@@ -100,8 +154,12 @@ def main() -> None:
     threads = torch.get_num_threads()
     epochs = f", {args.epochs} epochs for every head" if args.epochs else ""
     print(f"{args.shape}: features {rows} x {dim}, C = {classes}, torch threads {threads}{epochs}")
+    rate = product_rate() if args.floors else None
+    if rate:
+        print(f"float32 product rate (64 x 2,048 x 1,000): {rate / 1e9:.0f} GFLOP/s")
+    floors = f" {'floor s':>9} {'x floor':>8}" if rate else ""
     print(f"{'head':<16} {'train s':>9} {'x etn':>7} {'predict s':>10} {'us/row':>8} "
-          f"{'x softmax':>10}")  # fmt: skip
+          f"{'x softmax':>10}{floors}")  # fmt: skip
     etn_s = None
     for entry in entries:
         name, _, variant = entry.partition(":")
@@ -109,7 +167,11 @@ def main() -> None:
         fields = {f.name for f in dataclasses.fields(cls.Config)}
         settings = {k: v for k, v in shape_settings.items() if k in fields}
         settings |= SHAPE_HEADS.get(args.shape, {}).get(name, {})
-        head = cls(**settings, **({"variant": variant} if variant else {}))
+
+        def make_head(extra: dict, cls=cls, settings=settings, variant=variant):  # noqa: ANN001, ANN202
+            return cls(**settings | extra, **({"variant": variant} if variant else {}))
+
+        head = make_head({})
         started = time.perf_counter()
         try:
             head.fit(h, z, y, classifier=classifier, layers=layers)
@@ -122,8 +184,15 @@ def main() -> None:
         head.predict(h_test, z_test, layers=layers_test)
         predict_s = time.perf_counter() - started
         per_row_us, ratio = predict_s / 1e4 * 1e6, predict_s / reference
+        floor = ""
+        if rate:
+            data = (h, z, y, classifier, layers)
+            defaults = {f.name: f.default for f in dataclasses.fields(cls.Config)}
+            epochs_run = settings.get("epochs", defaults.get("epochs"))
+            floor_s = floor_seconds(make_head, data, epochs_run, rate)
+            floor = f" {floor_s:>9.2f} {fit_s / floor_s if floor_s else float('nan'):>8.2f}"
         print(f"{entry:<16} {fit_s:>9.2f} {fit_s / etn_s:>7.2f} {predict_s:>10.3f} "
-              f"{per_row_us:>8.1f} {ratio:>10.0f}", flush=True)  # fmt: skip
+              f"{per_row_us:>8.1f} {ratio:>10.0f}{floor}", flush=True)  # fmt: skip
     if args.shape == "imagenet" and not args.no_scorers:  # scorers with ImageNet-scale statistics
         from bench_scorers import run  # noqa: PLC0415 - the script beside this one
 
