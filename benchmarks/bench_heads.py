@@ -190,7 +190,7 @@ def main() -> None:
             defaults = {f.name: f.default for f in dataclasses.fields(cls.Config)}
             epochs_run = settings.get("epochs", defaults.get("epochs"))
             floor_s = floor_seconds(make_head, data, epochs_run, rate)
-            over = f"{fit_s / floor_s:>8.2f}" if floor_s else f"{'-':>8}"  # no products
+            over = f"{fit_s / floor_s:>8.2f}" if floor_s >= 0.01 else f"{'-':>8}"  # ~no products
             floor = f" {floor_s:>9.2f} {over}"
         print(f"{entry:<16} {fit_s:>9.2f} {fit_s / etn_s:>7.2f} {predict_s:>10.3f} "
               f"{per_row_us:>8.1f} {ratio:>10.0f}{floor}", flush=True)  # fmt: skip

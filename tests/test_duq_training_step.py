@@ -1,5 +1,5 @@
-"""DUQ's training step: the hand-split gradient and the label-gathered centroid update are the
-same arithmetic as autograd over ``kernel_and_gradient`` and the dense EMA update."""
+"""DUQ's training step: the hand-split gradient and the centroid update (label-gathered maps
+where classes outnumber rows) are the same arithmetic as autograd over ``kernel_and_gradient`` and the dense EMA update."""
 
 from __future__ import annotations
 
@@ -59,9 +59,10 @@ def test_the_kernel_alone_is_the_kernel_of_kernel_and_gradient():
     torch.testing.assert_close(net.kernel(x), net.kernel_and_gradient(x)[0], rtol=0, atol=0)
 
 
-def test_the_gathered_centroid_update_equals_the_dense_one():
+@pytest.mark.parametrize("rows", [4, 9])  # below C = 5: gathered maps; from C on: x W
+def test_the_centroid_update_equals_the_dense_one_either_way(rows):
     net = _net(torch.float64)
-    x, y, onehot = _batch(torch.float64)
+    x, y, onehot = _batch(torch.float64, b=rows)
     n, m = net.N.clone(), net.m.clone()
     with torch.no_grad():
         n_expected = net.gamma * n + (1 - net.gamma) * onehot.sum(0)

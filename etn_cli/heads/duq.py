@@ -136,13 +136,19 @@ class RBFHead(nn.Module):
 
     @torch.no_grad()
     def update_centroids(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The EMA step with the batch's labels ``y`` (B,): each row is embedded only by its
-        own class's map, ``W_{y_i} x_i`` (B x D x E), instead of by all C of them."""
+        """The EMA step with the batch's labels ``y`` (B,). With more classes than rows each
+        row is embedded only by its own class's map, ``W_{y_i} x_i`` (B x D x E, after copying
+        those B maps) instead of by all C of them; with at most as many classes as rows the
+        whole ``x W`` is cheaper than that copy (LLM shape: 10x)."""
         counts = torch.bincount(y, minlength=len(self.N)).to(self.N.dtype)  # (C,)
         self.N.mul_(self.gamma).add_((1 - self.gamma) * counts)
-        own = self.W.unflatten(1, self.m.shape)[:, :, y]  # (D, E, B): W_{y_i}^T
-        embedding = torch.einsum("bd,deb->eb", x, own)  # (E, B)
-        embedding_sum = torch.zeros_like(self.m).index_add_(1, y, embedding)  # (E, C)
+        if len(self.N) <= len(y):
+            onehot = F.one_hot(y, len(self.N)).to(x.dtype)
+            embedding_sum = torch.einsum("bec,bc->ec", self.embed(x), onehot)  # (E, C)
+        else:
+            own = self.W.unflatten(1, self.m.shape)[:, :, y]  # (D, E, B): W_{y_i}^T
+            embedding = torch.einsum("bd,deb->eb", x, own)  # (E, B)
+            embedding_sum = torch.zeros_like(self.m).index_add_(1, y, embedding)  # (E, C)
         self.m.mul_(self.gamma).add_((1 - self.gamma) * embedding_sum)
 
 

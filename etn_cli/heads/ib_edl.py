@@ -48,6 +48,7 @@ from etn_cli.heads.edl import evidence, inverse_softplus
 from etn_cli.heads.lastlayer import check_setting, classifier_tensors, require_positive
 from etn_cli.heads.scalar_density import use_fused
 from etn_cli.heads.training import fit_module
+from etn_cli.heads.vector_density import compiled_once
 from etn_cli.metrics.scores import dirichlet_scores
 
 EPS = 1e-4  # keeps b > 0
@@ -180,20 +181,11 @@ def mean_evidence(
     return evidence(mu + sigma * noise[:, None, :], b).mean(0)
 
 
-_compiled: dict[str, Callable] = {}
-
-
-def _compiled_once(key: str, function: Callable) -> Callable:
-    if key not in _compiled:
-        _compiled[key] = torch.compile(function, dynamic=True)
-    return _compiled[key]
-
-
 def compiled_risk() -> Callable:
     """:func:`sampled_risk` as one compiled pass with its closed-form gradient
     (:func:`risk_and_gradients`), once per process: at ImageNet shape its (M, B, C)
     elementwise work dominates a step."""
-    kernel = _compiled_once("risk", risk_and_gradients)
+    kernel = compiled_once("risk", risk_and_gradients)
 
     def risk(mu, sigma, noise, b, labels):  # noqa: ANN001, ANN202
         return _FusedRisk.apply(kernel, mu, sigma, noise, b, labels)
@@ -257,7 +249,7 @@ class IBEDL(Head):
         """``(1/M) sum_m softplus(mu + sigma * e_m) + b`` with the fixed draws (float64 to
         predict; float32 where training measures its accuracy, compiled with ``fused``)."""
         mu, sigma = (t.to(dtype) for t in self.module_(h))  # (n, C)
-        mean = _compiled_once("mean", mean_evidence) if fused else mean_evidence
+        mean = compiled_once("mean", mean_evidence) if fused else mean_evidence
         return mean(mu, sigma, self.noise_.to(mu.device, dtype), self.module_.b.to(dtype))
 
     def _state(self) -> dict[str, torch.Tensor]:

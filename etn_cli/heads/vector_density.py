@@ -71,7 +71,7 @@ class _VectorLogDensity(torch.autograd.Function):
 _compiled: dict[str, Callable] = {}
 
 
-def _compiled_once(key: str, function: Callable) -> Callable:
+def compiled_once(key: str, function: Callable) -> Callable:
     """``function`` compiled by ``torch.compile`` on first use, once per process."""
     if key not in _compiled:
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
@@ -80,7 +80,7 @@ def _compiled_once(key: str, function: Callable) -> Callable:
 
 
 def _kernel() -> Callable:
-    return _compiled_once("kernel", vector_density)
+    return compiled_once("kernel", vector_density)
 
 
 def vector_log_density(
@@ -142,7 +142,7 @@ class _GammaLogDensity(torch.autograd.Function):
 
 
 def _gamma_kernel() -> Callable:
-    return _compiled_once("gamma", gamma_density)
+    return compiled_once("gamma", gamma_density)
 
 
 def vector_gamma_log_density(
