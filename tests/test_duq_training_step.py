@@ -1,5 +1,6 @@
 """DUQ's training step: the hand-split gradient and the centroid update (label-gathered maps
-where classes outnumber rows) are the same arithmetic as autograd over ``kernel_and_gradient`` and the dense EMA update."""
+where classes outnumber rows) are the same arithmetic as autograd over ``kernel_and_gradient``
+and the dense EMA update."""
 
 from __future__ import annotations
 
