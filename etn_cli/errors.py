@@ -33,6 +33,9 @@ def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:
         )
 
 
+REPAIR_PREFIX = "repair: "  # starts a line saying a damaged artefact is rebuilt: said even with -q
+
+
 class DamagedArtefact(EtnError):
     """A file etn wrote no longer matches what was recorded when it was written: a flipped bit,
     a truncated, deleted or edited file. ``path`` is the unit that holds it (a split folder, a

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from etn_cli.errors import REPAIR_PREFIX
+
 T = TypeVar("T")
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 
@@ -79,9 +81,6 @@ def counting(total: int) -> Iterator[None]:
         yield
     finally:
         _state.total, _state.index, _state.nested = 0, 0, False
-
-
-REPAIR_PREFIX = "repair: "  # store.artefacts.sealed.repair_line
 
 
 def say(message: str) -> None:

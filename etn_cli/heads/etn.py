@@ -238,9 +238,10 @@ class ETN(Head):
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        per_row = self.config.mc_samples * z.shape[1] * (z.shape[1] if self.is_matrix else 1)
         if self.config.variant == "vector":  # one draw at a time: large blocks, few operations
             per_row = z.shape[1]
+        else:
+            per_row = self.config.mc_samples * z.shape[1] * (z.shape[1] if self.is_matrix else 1)
         rows = max(1, 2**22 // per_row)
         parts = [
             self._predict_chunk(h[i : i + rows], z[i : i + rows]) for i in range(0, len(h), rows)

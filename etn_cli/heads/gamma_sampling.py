@@ -20,7 +20,7 @@ x ~ 1e-3). ``tests/test_vector_density.py`` checks moments, quantiles and gradie
 closed forms, finite differences and ``torch._standard_gamma_grad``.
 
 Prediction needs only the M fixed levels ``u_m = (m - 1/2) / M`` (stratified quantiles), so
-:func:`level_gamma` reads them from a second, one-dimensional table per level: a cubic spline in
+:class:`LevelGamma` reads them from a second, one-dimensional table per level: a cubic spline in
 ``log k`` of ``log x - (log u + lgamma(k + 1)) / k``, the gap to the small-shape asymptote ``x ~
 (u Gamma(k + 1))^(1/k)`` (about ``x / (k + 1)`` there, ``1 + w / sqrt k`` for large k: smooth and
 bounded, so its absolute error is the relative error of ``x`` at every shape). Built from
@@ -170,11 +170,3 @@ class LevelGamma:
             u = level_quantiles(self.draws)[level[cols].numpy()]
             x[rows, cols] = torch.from_numpy(gammaincinv(self.shape[rows, cols].numpy(), u))
         return x
-
-
-def level_gamma(shape: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
-    """Standard Gamma quantiles ``x`` (M, n, K), float64, at levels ``u[level[m, j]]`` of
-    :func:`level_quantiles` for shapes ``k`` (n, K); ``level`` (M, K) holds indices into the M
-    levels (:class:`LevelGamma`, one draw at a time)."""
-    quantiles = LevelGamma(shape, level.shape[0])
-    return torch.stack([quantiles(row) for row in level])

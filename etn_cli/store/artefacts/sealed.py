@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from etn_cli.errors import DamagedArtefact
+from etn_cli.errors import REPAIR_PREFIX, DamagedArtefact
 from etn_cli.store.atomic import atomic_write_bytes, atomic_write_text
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.notes import note_once
@@ -127,7 +127,7 @@ def without_advice(problem: object) -> str:
 
 def repair_line(problem: object, action: str) -> str:
     """``repair: <what is damaged> <what etn does about it>``, since etn is doing just that."""
-    return f"repair: {without_advice(problem)} {action}"
+    return f"{REPAIR_PREFIX}{without_advice(problem)} {action}"
 
 
 def discard(path: Path) -> None:
