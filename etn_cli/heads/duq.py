@@ -210,7 +210,7 @@ class DUQ(Head):
                 best = (training.rank(), copy.deepcopy(net.state_dict()))
                 training.epoch = epoch + 1
         net.load_state_dict(best[1])
-        self.net_ = net.cpu()
+        self.net_ = net
         self.selection_ = training.record() | {"select": cfg.select}
 
     @torch.no_grad()
@@ -242,8 +242,8 @@ class DUQ(Head):
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         rows = max(1, 2**22 // (self.config.centroid_size * self.n_classes_))
         log_k = torch.cat([self.log_kernel(h[i : i + rows]) for i in range(0, len(h), rows)])
-        probs = torch.softmax(log_k, dim=1).numpy()  # (N, C): K_c / sum_k K_k
-        kernel = log_k.max(1).values.exp().numpy()  # (N,)
+        probs = torch.softmax(log_k, dim=1).cpu().numpy()  # (N, C): K_c / sum_k K_k
+        kernel = log_k.max(1).values.exp().cpu().numpy()  # (N,)
         return Prediction(probs, {"mp": probs.max(axis=1), "kernel": kernel})
 
     def _state(self) -> dict[str, torch.Tensor]:

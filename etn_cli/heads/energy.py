@@ -25,6 +25,7 @@ class Energy(Head):
     label = "Energy"
     family = "posthoc"
     seed_free = True
+    keeps_argmax = True  # the softmax of the backbone's logits
     own_score = "energy"
     Config = EnergyConfig
 
@@ -34,10 +35,10 @@ class Energy(Head):
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         t = self.config.temperature
         z = z.double()
-        probs = torch.softmax(z, dim=1).numpy()
-        scores = probability_scores(probs) | {"energy": (t * torch.logsumexp(z / t, 1)).numpy()}
+        probs = torch.softmax(z, dim=1).cpu().numpy()
+        scores = probability_scores(probs) | {"energy": (t * torch.logsumexp(z / t, 1)).cpu().numpy()}
         return Prediction(probs, scores)
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
         t = self.config.temperature
-        return (t * torch.logsumexp(z.double() / t, 1)).numpy()
+        return (t * torch.logsumexp(z.double() / t, 1)).cpu().numpy()

@@ -16,15 +16,16 @@ class MAP(Head):
     label = "MAP"
     family = "posthoc"
     seed_free = True
+    keeps_argmax = True  # the softmax of the backbone's logits
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         return None
 
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        probs = torch.softmax(z.double(), dim=1).numpy()
+        probs = torch.softmax(z.double(), dim=1).cpu().numpy()
         return Prediction(probs, probability_scores(probs))
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
         """MP alone: ``max_i softmax(z)_i = 1 / sum_i exp(z_i - max z)``, no (N, C) output."""
         z = z.double()
-        return torch.exp(z.max(dim=1).values - torch.logsumexp(z, dim=1)).numpy()
+        return torch.exp(z.max(dim=1).values - torch.logsumexp(z, dim=1)).cpu().numpy()

@@ -75,7 +75,7 @@ class MCDropout(Head):
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        keys = row_keys(h.numpy(), self.config.seed)
+        keys = row_keys(h.cpu().numpy(), self.config.seed)
         rows = max(1, CHUNK_ELEMENTS // (self.config.passes * h.shape[1]))
         parts = [self._chunk(h[i : i + rows], keys[i : i + rows]) for i in range(0, len(h), rows)]
         probs = np.concatenate([mean for mean, _ in parts])  # (N, C)
@@ -84,10 +84,10 @@ class MCDropout(Head):
 
     def _chunk(self, h: torch.Tensor, keys: np.ndarray) -> tuple[np.ndarray, dict]:
         p = self.config.p
-        keep = torch.from_numpy(keep_masks(keys, self.config.passes, h.shape[1], p))  # (S, n, D)
+        keep = torch.from_numpy(keep_masks(keys, self.config.passes, h.shape[1], p)).to(h.device)
         dropped = h.double() * keep / (1.0 - p)  # (S, n, D), inverted dropout
         logits = dropped @ self.weight_.double().T + self.bias_.double()  # (S, n, C)
-        samples = torch.softmax(logits, dim=-1).numpy()  # (S, n, C)
+        samples = torch.softmax(logits, dim=-1).cpu().numpy()  # (S, n, C)
         return samples.mean(axis=0), sample_scores(samples)
 
     def _state(self) -> dict[str, torch.Tensor]:

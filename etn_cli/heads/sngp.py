@@ -126,7 +126,6 @@ class SNGP(Head):
             seed=cfg.seed, device=device, desc="sngp", select=cfg.select,
             class_scores=lambda phi_, y_: beta(phi_),
         ).record()  # fmt: skip
-        self.gp_.cpu()
         self.covariance_ = self.posterior_covariance(phi.double())
 
     @torch.no_grad()
@@ -160,7 +159,7 @@ class SNGP(Head):
         logits = self.gp_.features(h.double()) @ self.gp_.beta.weight.double().T  # (n, C)
         variance = self.predictive_variance(h)  # (n, C) or (n, 1)
         adjusted = logits / torch.sqrt(1 + self.config.mean_field_factor * variance)
-        return torch.softmax(adjusted, dim=1).numpy()
+        return torch.softmax(adjusted, dim=1).cpu().numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:
         return dict(self.gp_.state_dict()) | {"covariance": self.covariance_}

@@ -79,6 +79,8 @@ class TemperatureScaling(Scorer):
             )
         self.temperature_ = torch.tensor(1.0 / fit_inverse_temperature(z, y), dtype=torch.float64)
 
+    keeps_argmax = True  # a positive temperature divides every logit
+
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return z.double() / self.temperature_
 
