@@ -33,7 +33,8 @@ def fit(name: str, settings: dict, data) -> Head:
     fields = {f.name for f in dataclasses.fields(heads.get(name).Config)}
     head = heads.get(name)(**{k: v for k, v in {"epochs": 2}.items() if k in fields}, **settings)
     classifier = {k: torch.from_numpy(v) for k, v in data.classifier.items()}
-    return head.fit(data.hidden, data.logits, data.labels, classifier=classifier, layers=data.layers)
+    layers = data.layers
+    return head.fit(data.hidden, data.logits, data.labels, classifier=classifier, layers=layers)
 
 
 def tensors_in(value, seen: set[int] | None = None, path: str = "head"):  # noqa: ANN001, ANN201
@@ -92,8 +93,8 @@ def meta_as_accelerator(monkeypatch):
     def integer(self, real=torch.Tensor.__int__):  # noqa: ANN001, ANN202
         return int(real_item(ones(self))) if self.is_meta else real(self)
 
-    for name, method in [("cpu", cpu), ("to", to), ("item", item), ("tolist", tolist),
-                         ("__bool__", truth), ("__float__", number), ("__int__", integer)]:  # fmt: skip
+    readbacks = {"cpu": cpu, "to": to, "item": item, "tolist": tolist, "__bool__": truth}
+    for name, method in (readbacks | {"__float__": number, "__int__": integer}).items():
         monkeypatch.setattr(torch.Tensor, name, method)
     # a GPU's nonzero synchronises and counts; meta cannot count: assume every element
     monkeypatch.setattr(torch.fx.experimental._config, "meta_nonzero_assume_all_nonzero", True)

@@ -36,7 +36,8 @@ class Energy(Head):
         t = self.config.temperature
         z = z.double()
         probs = torch.softmax(z, dim=1).cpu().numpy()
-        scores = probability_scores(probs) | {"energy": (t * torch.logsumexp(z / t, 1)).cpu().numpy()}
+        energy = (t * torch.logsumexp(z / t, 1)).cpu().numpy()
+        scores = probability_scores(probs) | {"energy": energy}
         return Prediction(probs, scores)
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202

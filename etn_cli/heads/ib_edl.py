@@ -237,9 +237,13 @@ class IBEDL(Head):
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        alpha = torch.cat(
-            [self._mean_alpha(h[i : i + PREDICT_ROWS]) for i in range(0, len(h), PREDICT_ROWS)]
-        ).cpu().numpy()  # (N, C)
+        alpha = (
+            torch.cat(
+                [self._mean_alpha(h[i : i + PREDICT_ROWS]) for i in range(0, len(h), PREDICT_ROWS)]
+            )
+            .cpu()
+            .numpy()
+        )  # (N, C)
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
     def _mean_alpha(

@@ -140,9 +140,13 @@ class LastLayerLaplace(Head):
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         rows = self._chunk_rows()
-        samples = torch.cat(
-            [self.predictive_samples(h[i : i + rows]) for i in range(0, len(h), rows)], dim=1
-        ).cpu().numpy()  # (S, N, C)
+        samples = (
+            torch.cat(
+                [self.predictive_samples(h[i : i + rows]) for i in range(0, len(h), rows)], dim=1
+            )
+            .cpu()
+            .numpy()
+        )  # (S, N, C)
         return Prediction(samples.mean(0), sample_scores(samples))
 
     def predictive_samples(self, h: torch.Tensor) -> torch.Tensor:

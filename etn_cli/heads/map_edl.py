@@ -95,7 +95,7 @@ class MapEDL(Head):
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         lin = self.module_.linear
         logits = F.linear(h.double(), lin.weight.double(), lin.bias.double())  # (N, C)
-        alpha = evidence(logits, self.module_.b.double()).cpu().numpy()  # float64: no early underflow
+        alpha = evidence(logits, self.module_.b.double()).cpu().numpy()  # float64: no underflow
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
     def _state(self) -> dict[str, torch.Tensor]:
