@@ -85,7 +85,7 @@ def run(
     device: Device = None,
     format: FormatOption = "table",
     metric: Annotated[
-        str | None, typer.Option(metavar="METRIC", help="Show one metric (see `etn report`).")
+        str | None, typer.Option("--metric", metavar="METRIC", help="Show one metric (see `etn report`).")
     ] = None,
     overrides: Overrides = None,
     only: Only = None,
@@ -114,7 +114,7 @@ def run(
     )
     data = resolve_data_dir(data_dir)
     if dry_run:
-        typer.echo(dry_run_report(pipelines, data, options))
+        typer.echo(dry_run_report(pipelines, data, options, device))
         return
     outcomes = run_many(pipelines, data, device=device, options=options)
     if not is_main_process():
@@ -193,7 +193,9 @@ def import_command(
     classifier: Annotated[
         Path | None,
         typer.Option(
-            metavar="FILE", help="A .npz / .safetensors file with weight (C, D) and bias (C,)."
+            "--classifier",
+            metavar="FILE",
+            help="A .npz / .safetensors file with weight (C, D) and bias (C,).",
         ),
     ] = None,
 ) -> None:
@@ -258,15 +260,16 @@ def predict(
         ),
     ],
     head: Annotated[
-        str, typer.Option(metavar="HEAD", help="Head name, report label or folder name.")
+        str, typer.Option("--head", metavar="HEAD", help="Head name, report label or folder name.")
     ] = "etn",
-    seed: Annotated[int, typer.Option(metavar="SEED", help="The seed of the trained head.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="SEED", help="The seed of the trained head.")] = 0,
     out: Annotated[
         Path, typer.Option("--out", "-o", metavar="FILE", help="A .parquet or .csv file.")
     ] = Path("predictions.parquet"),
     threshold: Annotated[
         list[str] | None,
         typer.Option(
+            "--threshold",
             metavar="SCORE=VALUE",
             help="Repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5.",
         ),

@@ -40,6 +40,7 @@ def report(
     metric: Annotated[
         str | None,
         typer.Option(
+            "--metric",
             metavar="METRIC",
             help="One metric's full table: aupr, auroc, fpr95, aupr_in, aupr_out (per score), "
             "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR).",
@@ -116,7 +117,7 @@ def list_names(
         str, typer.Argument(metavar="WHAT", help="heads, backbones, datasets or pipelines.")
     ],
     folder: Annotated[
-        Path, typer.Option(metavar="DIR", help="Where to look for pipelines.")
+        Path, typer.Option("--folder", metavar="DIR", help="Where to look for pipelines.")
     ] = Path("pipelines"),
 ) -> None:
     """List the registered heads (with their family and needs), backbones, datasets, or the
