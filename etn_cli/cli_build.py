@@ -85,7 +85,8 @@ def run(
     device: Device = None,
     format: FormatOption = "table",
     metric: Annotated[
-        str | None, typer.Option("--metric", metavar="METRIC", help="Show one metric (see `etn report`).")
+        str | None,
+        typer.Option("--metric", metavar="METRIC", help="Show one metric (see `etn report`)."),
     ] = None,
     overrides: Overrides = None,
     only: Only = None,
@@ -262,7 +263,9 @@ def predict(
     head: Annotated[
         str, typer.Option("--head", metavar="HEAD", help="Head name, report label or folder name.")
     ] = "etn",
-    seed: Annotated[int, typer.Option("--seed", metavar="SEED", help="The seed of the trained head.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="SEED", help="The seed of the trained head.")
+    ] = 0,
     out: Annotated[
         Path, typer.Option("--out", "-o", metavar="FILE", help="A .parquet or .csv file.")
     ] = Path("predictions.parquet"),

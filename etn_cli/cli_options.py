@@ -82,7 +82,9 @@ Overrides = Annotated[
 Only = Annotated[
     str | None,
     typer.Option(
-        "--only", metavar="HEADS", help="Comma-separated head names or labels to keep, e.g. etn,map."
+        "--only",
+        metavar="HEADS",
+        help="Comma-separated head names or labels to keep, e.g. etn,map.",
     ),
 ]
 FormatOption = Annotated[

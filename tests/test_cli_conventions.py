@@ -246,8 +246,8 @@ def test_every_option_names_itself_whatever_typer_derives() -> None:
 
     undeclared = []
     for command in app.registered_commands:
-        for name, param in inspect.signature(command.callback).parameters.items():
-            hints = typing.get_type_hints(command.callback, include_extras=True)
+        hints = typing.get_type_hints(command.callback, include_extras=True)
+        for name in inspect.signature(command.callback).parameters:
             for info in getattr(hints.get(name), "__metadata__", ()):
                 if not isinstance(info, typer.models.OptionInfo):
                     continue
