@@ -77,8 +77,8 @@ class Ensemble(Head):
                 class_scores=lambda h_, y_, layer=layer: layer(h_),
             )  # fmt: skip
             self.selection_.append(training.record())
-            weights.append(layer.weight.detach().cpu())
-            biases.append(layer.bias.detach().cpu())
+            weights.append(layer.weight.detach())
+            biases.append(layer.bias.detach())
         self.weight_ = torch.stack(weights)  # (M, C, D)
         self.bias_ = torch.stack(biases)  # (M, C)
 

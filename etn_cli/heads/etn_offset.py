@@ -43,6 +43,13 @@ from etn_cli.heads.etn import ETN
 from etn_cli.heads.matrix import apply_softplus_diagonal, sample_matrix_normal, transform_logits
 
 OFFSET_TOLERANCE = 1e-3  # in logit units
+
+
+def rng_devices(device: torch.device) -> list[torch.device]:
+    """The devices whose random state a seeded block forks: a GPU's too, when it draws there."""
+    return [device] if device.type == "cuda" else []
+
+
 GRID_POINTS = 41
 
 
@@ -55,7 +62,8 @@ class OffsetETN(ETN):
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         centre = float(z.mean())
         super()._fit(h, z - centre, y, classifier=classifier, layers=layers, device=device)
-        self.offset_ = self.search_offset(h, z - centre, y) - centre
+        rows = (t.to(device) for t in (h, z - centre, y))  # where the trained network is
+        self.offset_ = self.search_offset(*rows) - centre
 
     def search_offset(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> float:
         """The ``c`` minimising the trained network's mean adaptation loss on ``z + c``."""
@@ -91,18 +99,18 @@ class OffsetETN(ETN):
         transformation are taken once, fixed by the seed, as :meth:`_mean_loss` takes them."""
         cfg, b = self.config, self.b_
         chunks = []
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=rng_devices(h.device)):
             torch.manual_seed(cfg.seed)
             for i in range(0, len(h), cfg.batch_size):
                 rows = slice(i, i + cfg.batch_size)
                 chunks.append((self._draws(h[rows]), z[rows], y[rows]))
 
         def objective(c: float) -> float:
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float64, device=h.device)  # one read per value
             for a, part, labels in chunks:
                 alpha = self._alpha(a, part + c, b)  # (M, n, C)
-                total += float(expected_dirichlet_log_density(alpha, labels, cfg.nu).mean(0).sum())
-            return -total / len(h)
+                total += expected_dirichlet_log_density(alpha, labels, cfg.nu).mean(0).sum()
+            return -float(total) / len(h)
 
         return objective
 
@@ -124,13 +132,13 @@ class OffsetETN(ETN):
     def _mean_loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> float:
         """The loss (with its KL term) averaged over all rows, in chunks of the batch size,
         with the MC draws fixed by the seed: a smooth function of an offset added to ``z``."""
-        total = 0.0
-        with torch.random.fork_rng(devices=[]):
+        total = torch.zeros((), dtype=torch.float64, device=h.device)
+        with torch.random.fork_rng(devices=rng_devices(h.device)):
             torch.manual_seed(self.config.seed)
             for i in range(0, len(h), self.config.batch_size):
                 rows = slice(i, i + self.config.batch_size)
-                total += float(self.loss(h[rows], z[rows], y[rows]).sum())
-        return total / len(h)
+                total += self.loss(h[rows], z[rows], y[rows]).sum()
+        return float(total) / len(h)
 
     def _predict_chunk(self, h, z):  # noqa: ANN001, ANN202
         return super()._predict_chunk(h, z + self.offset_)
