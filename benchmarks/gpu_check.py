@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # etn_cli and the scripts beside
 
 TRAINABLE = (
     "etn", "etn:vector", "etn_offset", "static", "adats", "dmm", "ib_edl", "map_edl",

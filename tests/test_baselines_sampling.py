@@ -305,3 +305,13 @@ def test_extract_options_change_the_fingerprint_but_not_the_cached_weights(backb
     assert plain.fingerprint() != backbone.fingerprint()
     hidden, logits, extras = plain.extract_batch(torch.zeros(2, 1, 8, 8))
     assert extras == {} and hidden.shape == (2, SMALL.hidden) and logits.shape == (2, 7)
+
+
+def test_digits_cnn_extracts_with_odin_on_another_device(backbone, images, meta_as_accelerator):
+    """The model moves to its device at the first forward pass, outside inference mode: ODIN
+    differentiates through weights moved there (``meta`` stands in for a GPU)."""
+    moved = digits_cnn.DigitsCNNBackbone(SMALL, backbone.cache_dir, device="meta")
+    assert next(moved.model.parameters()).device.type == "cpu"  # planning moves nothing
+    hidden, logits, extras = moved.extract_batch(images)
+    assert hidden.shape == (8, SMALL.hidden) and extras["odin"].shape == (8, 7)
+    assert next(moved.model.parameters()).is_meta

@@ -216,8 +216,8 @@ class DUQ(Head):
             if cfg.select == "last" or training.rank() < best[0]:
                 best = (training.rank(), copy.deepcopy(net.state_dict()))
                 training.epoch = epoch + 1
-        runner.close()
         training.steps = runner.mode
+        runner.close()
         net.load_state_dict(best[1])
         self.net_ = net
         self.selection_ = training.record() | {"select": cfg.select}

@@ -127,8 +127,8 @@ def fit_module(
             if training.rank() < best[0]:
                 best = (training.rank(), copy.deepcopy(module.state_dict()))
                 training.epoch = len(training.losses)
-    runner.close()
     training.steps = runner.mode
+    runner.close()
     module.load_state_dict(best[1])
     return training
 
