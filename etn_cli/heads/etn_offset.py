@@ -45,6 +45,25 @@ from etn_cli.heads.matrix import apply_softplus_diagonal, sample_matrix_normal, 
 OFFSET_TOLERANCE = 1e-3  # in logit units
 
 
+BLOCK_ELEMENTS = 2**24  # Dirichlet parameters per block of the offset objective (64 MB)
+
+
+def merged(chunks: list[tuple[torch.Tensor, ...]], rows: int) -> list[tuple[torch.Tensor, ...]]:
+    """Consecutive ``(draws (M, n, ...), z (n, C), y (n,))`` chunks joined into blocks of at
+    most ``rows`` rows (whole chunks; a larger chunk stays alone): few, large operations per
+    objective value instead of one small set per batch."""
+    blocks, group, size = [], [], 0
+    for chunk in chunks:
+        if group and size + len(chunk[1]) > rows:
+            blocks.append(group)
+            group, size = [], 0
+        group.append(chunk)
+        size += len(chunk[1])
+    blocks.append(group)
+    return [(torch.cat([g[0] for g in b], 1), *(torch.cat([g[i] for g in b]) for i in (1, 2)))
+            for b in blocks if b]  # fmt: skip
+
+
 def rng_devices(device: torch.device) -> list[torch.device]:
     """The devices whose random state a seeded block forks: a GPU's too, when it draws there."""
     return [device] if device.type == "cuda" else []
@@ -105,9 +124,11 @@ class OffsetETN(ETN):
                 rows = slice(i, i + cfg.batch_size)
                 chunks.append((self._draws(h[rows]), z[rows], y[rows]))
 
+        blocks = merged(chunks, BLOCK_ELEMENTS // (cfg.mc_samples * z.shape[1]))
+
         def objective(c: float) -> float:
             total = torch.zeros((), dtype=torch.float64, device=h.device)  # one read per value
-            for a, part, labels in chunks:
+            for a, part, labels in blocks:
                 alpha = self._alpha(a, part + c, b)  # (M, n, C)
                 total += expected_dirichlet_log_density(alpha, labels, cfg.nu).mean(0).sum()
             return -float(total) / len(h)
