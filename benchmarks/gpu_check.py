@@ -115,42 +115,41 @@ def compare(cpu: dict, gpu: dict, title: str) -> bool:
     return not outside and not missing
 
 
-def digits_runs(scratch: Path) -> tuple[subprocess.Popen, Path, Path]:
-    """Start the CPU reference run; the CUDA run reuses its digits CNN."""
-    cpu_dir, gpu_dir = scratch / "digits-cpu", scratch / "digits-cuda"
-    process = etn_run(REPO / "pipelines" / "digits.toml", cpu_dir, "cpu", threads=8)
-    return process, cpu_dir, gpu_dir
+def reference_runs(scratch: Path, parts: list[str]) -> dict[Path, tuple]:
+    """Start the CPU runs of the pipelines the check compares, in processes of their own that
+    run while the GPU parts do; each GPU run later reuses its digits CNN (trained once)."""
+    pipelines = [REPO / "pipelines" / "digits.toml"] if "digits" in parts else []
+    if "examples" in parts:
+        done = subprocess.run([sys.executable, str(REPO / "examples" / "standins.py")],
+                              cwd=REPO, capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            print(f"**standins.py FAILED**:\n```\n{done.stderr[-2000:]}\n```")
+        else:
+            pipelines += sorted((REPO / "examples").glob("*.toml"))
+    runs = {}
+    for pipeline in pipelines:
+        cpu_dir = scratch / f"{pipeline.stem}-cpu"
+        runs[pipeline] = (etn_run(pipeline, cpu_dir, "cpu", threads=4), cpu_dir)
+    return runs
 
 
-def check_digits(process: subprocess.Popen, cpu_dir: Path, gpu_dir: Path, device: str) -> bool:
-    print(f"\n## digits: `etn run pipelines/digits.toml`, cpu and {device}")
-    cpu = finished(process, cpu_dir, "the CPU run")
+def check_pipeline(pipeline: Path, reference: tuple, scratch: Path, device: str) -> bool:
+    """The pipeline on ``device`` against its CPU run."""
+    process, cpu_dir = reference
+    name = pipeline.relative_to(REPO)
+    print(f"\n## `etn run {name}`, cpu and {device}")
+    cpu = finished(process, cpu_dir, f"the CPU run of {name}")
     if cpu is None:
         return False
-    shutil.copytree(cpu_dir / "backbones", gpu_dir / "backbones")  # the same digits CNN
+    gpu_dir = scratch / f"{pipeline.stem}-{device}-run"
+    if (cpu_dir / "backbones").exists():  # the same digits CNN
+        shutil.copytree(cpu_dir / "backbones", gpu_dir / "backbones")
     started = time.perf_counter()
-    run = etn_run(REPO / "pipelines" / "digits.toml", gpu_dir, device)
-    gpu = finished(run, gpu_dir, f"the {device} run")
+    gpu = finished(etn_run(pipeline, gpu_dir, device), gpu_dir, f"the {device} run of {name}")
     if gpu is None:
         return False
-    print(f"{device} run {time.perf_counter() - started:.1f} s (CNN reused)")
-    return compare(cpu, gpu, "digits")
-
-
-def check_examples(scratch: Path, device: str) -> bool:
-    print("\n## examples/*.toml on the stand-ins, CPU and CUDA")
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "standins.py")], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        print(f"**standins.py FAILED**:\n```\n{done.stderr[-2000:]}\n```")
-        return False
-    ok = True
-    for pipeline in sorted((REPO / "examples").glob("*.toml")):
-        cpu_dir, gpu_dir = scratch / f"{pipeline.stem}-cpu", scratch / f"{pipeline.stem}-cuda"
-        cpu = finished(etn_run(pipeline, cpu_dir, "cpu", threads=8), cpu_dir, f"{pipeline} CPU")
-        gpu = finished(etn_run(pipeline, gpu_dir, device), gpu_dir, f"{pipeline} {device}")
-        ok = ok and cpu is not None and gpu is not None and compare(cpu, gpu, pipeline.name)
-    return ok
+    print(f"{device} run {time.perf_counter() - started:.1f} s")
+    return compare(cpu, gpu, str(name))
 
 
 def fit_heads(shape: str, device: str, entries: tuple[str, ...], epochs: int | None) -> None:
@@ -217,7 +216,7 @@ def check_extract(device: str) -> None:
     import bench_extract
 
     runs = [
-        ["--model", "resnet50", "--image-size", "224", "--batch", "256", "--batches", "20",
+        ["--model", "resnet50", "--image-size", "224", "--batch", "256", "--batches", "60",
          "--dtype", "bfloat16", "--workers", "8", "--compare-batches", "0"],
         ["--backbone", "llm", "--dtype", "bfloat16", "--batch", "16", "--batches", "8",
          "--prompt-tokens", "512", "--repeats", "1", "--compare-batches", "0"],
@@ -246,15 +245,14 @@ def main() -> None:
     ok = True
     with tempfile.TemporaryDirectory(prefix="etn-gpu-check-") as folder:
         scratch = Path(folder)
-        if "digits" in args.parts:
-            reference = digits_runs(scratch)
+        references = reference_runs(scratch, args.parts)
         if "heads" in args.parts:
             for shape in args.shapes:
                 fit_heads(shape, args.device, tuple(args.heads), args.epochs)
-        if "digits" in args.parts:
-            ok = check_digits(*reference, args.device) and ok
-        if "examples" in args.parts:
-            ok = check_examples(scratch, args.device) and ok
+        for pipeline, reference in references.items():
+            ok = check_pipeline(pipeline, reference, scratch, args.device) and ok
+        if "examples" in args.parts and not any(p.parent.name == "examples" for p in references):
+            ok = False  # the stand-ins failed (printed above)
         if "extract" in args.parts:
             check_extract(args.device)
     print(

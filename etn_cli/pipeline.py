@@ -50,7 +50,7 @@ class DataSpec:
     grouping: Literal["paper", "openood"] = "paper"
     root: str | None = None  # where datasets that need files on disk look for them
     batch_size: int = 256
-    shard_rows: int = 65536
+    shard_rows: int = 8192  # 100 MB at ResNet-50 width: shards written while extraction runs
     # data-loading processes for extract (torchvision backbones): a number, or "auto"
     workers: int | Literal["auto"] = 0
     options: dict = field(default_factory=dict)  # dataset name -> its options table
