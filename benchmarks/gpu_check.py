@@ -54,11 +54,14 @@ TRAINABLE = (
 PARTS = ("digits", "examples", "heads", "extract")
 
 
-def etn_run(
-    pipeline: Path, data: Path, device: str, threads: int | None = None
-) -> subprocess.Popen:
+def with_repo_path() -> dict[str, str]:
+    """The environment of a child process that imports etn_cli from this checkout."""
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def etn_run(pipeline: Path, data: Path, device: str, threads: int = 0) -> subprocess.Popen:
     """``etn run PIPELINE`` in a process of its own, its JSON table kept in ``data``."""
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = with_repo_path()
     if threads:
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     data.mkdir(parents=True, exist_ok=True)
@@ -121,7 +124,8 @@ def reference_runs(scratch: Path, parts: list[str]) -> dict[Path, tuple]:
     pipelines = [REPO / "pipelines" / "digits.toml"] if "digits" in parts else []
     if "examples" in parts:
         done = subprocess.run([sys.executable, str(REPO / "examples" / "standins.py")],
-                              cwd=REPO, capture_output=True, text=True)  # fmt: skip
+                              cwd=REPO, capture_output=True, text=True,
+                              env=with_repo_path())  # fmt: skip
         if done.returncode != 0:
             print(f"**standins.py FAILED**:\n```\n{done.stderr[-2000:]}\n```")
         else:
