@@ -60,7 +60,9 @@ def with_repo_path() -> dict[str, str]:
 
 
 def etn_run(pipeline: Path, data: Path, device: str, threads: int = 0) -> subprocess.Popen:
-    """``etn run PIPELINE`` in a process of its own, its JSON table kept in ``data``."""
+    """``etn run PIPELINE`` in a process of its own, its JSON table kept in ``data``. A
+    backbone computes in float32 on every device (``dtype = "auto"`` is bfloat16 on a GPU,
+    a backbone's precision, which ``bench_extract.py`` measures apart)."""
     env = with_repo_path()
     if threads:
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -69,6 +71,8 @@ def etn_run(pipeline: Path, data: Path, device: str, threads: int = 0) -> subpro
     log = (data / "run.log").open("w")
     command = [sys.executable, "-m", "etn_cli", "run", str(pipeline), "-d", str(data)]
     command += ["--device", device, "--format", "json", "-q"]
+    if "[backbone]" in pipeline.read_text() and "digits_cnn" not in pipeline.read_text():
+        command += ["--set", "backbone.dtype=float32"]
     return subprocess.Popen(command, stdout=out, stderr=log, env=env, cwd=REPO)
 
 
