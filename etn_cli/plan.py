@@ -31,7 +31,8 @@ from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit,
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 4  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins
+METRICS_VERSION = 5  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins;
+# 5: timing repeats
 SUBSAMPLE_SEED = 0  # fixes the rows that ``fit_rows`` keeps
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights

@@ -20,7 +20,8 @@ from etn_cli.metrics.reliability import RELIABILITY_METRICS
 from etn_cli.overrides import selection, selection_key
 from etn_cli.plan import Plan
 from etn_cli.provenance import etn_version, now
-from etn_cli.report.plots import frontier_plot, sweep_plots
+from etn_cli.report.frontier import frontier_plot
+from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render
 from etn_cli.report.tables import read_metrics, summarize
@@ -30,8 +31,9 @@ from etn_cli.store.fingerprint import fingerprint_key
 
 # 3: one frontier file per metric, colour-blind palette; 5: sweep plots keep a colour per score,
 # swept values as ticks; 6: reliability diagrams; 7: distinct marker shapes, methods sharing
-# an accuracy spread sideways
-PLOTS_VERSION = 7
+# an accuracy spread sideways; 8: one marker per distinct result, Pareto-front labels, runtime
+# only when distinguishable, reliability panels per distinct probabilities, own y-range per sweep
+PLOTS_VERSION = 8
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"
