@@ -24,6 +24,7 @@ from etn_cli.metrics.evaluation import (
     classification_metrics,
     confidence_metrics,
     ood_metrics,
+    selective_metrics,
 )
 from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
@@ -98,6 +99,7 @@ def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str
         ("id", plan.id_dataset, m)
         for m in classification_metrics(id_pred.probs, test.labels, id_pred.predictions)
         + confidence_metrics(id_pred.scores, correct)
+        + selective_metrics(id_pred.scores, correct)
         + reliability_bins(id_pred.probs.max(axis=1), correct)
     ]
     for ood in plan.ood:
