@@ -30,6 +30,7 @@ from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
 from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
+from etn_cli.stages.prediction_rows import predictions_path, row_columns, rows_frame
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder
@@ -61,25 +62,33 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
         read(split.path)
     with explained_storage_errors():
         for unit in todo:
+            rows_path = predictions_path(unit.path)
             ensure_writable(unit.path.parent)
-            with unit_lock(unit.path):
+            ensure_writable(rows_path.parent)
+            with unit_lock(unit.path), unit_lock(rows_path):
                 if not force and metrics_damage(unit.path) is None:  # written while we waited
                     result.skip(unit.path, unit_name(unit.head), "finished by another run")
                     continue
-                remove_tmp(unit.path)  # a killed run's half-written files; we hold the lock
-                remove_tmp(sidecar(unit.path))
+                for part in (unit.path, rows_path):  # a killed run's half-written files
+                    remove_tmp(part)
+                    remove_tmp(sidecar(part))
                 reason = "--force" if force else "no intact metrics file with this key"
                 with result.build(unit.path, unit_name(unit.head), reason):
-                    frame = score_head(plan, unit, heads[unit.key], read, device)
+                    frame, rows = score_head(plan, unit, heads[unit.key], read, device)
+                    write_sealed(rows_path, parquet_bytes(rows))  # first: see prediction_rows
                     write_sealed(unit.path, parquet_bytes(frame))
     return result
 
 
 def metrics_damage(path: Path) -> str | None:
-    """None when the metrics file at ``path`` and its recorded sha256 agree; else why not."""
-    if not path.exists() and not sidecar(path).exists():
-        return "missing"
-    return seal_state(path)
+    """None when the metrics file at ``path`` and its predictions file (:mod:`.prediction_rows`)
+    agree with their recorded sha256; else why not."""
+    for part in (path, predictions_path(path)):
+        if not part.exists() and not sidecar(part).exists():
+            return "missing"
+        if (state := seal_state(part)) is not None:
+            return state
+    return None
 
 
 def load_head(unit: MetricsUnit) -> Head:
@@ -88,7 +97,10 @@ def load_head(unit: MetricsUnit) -> Head:
     return Head.load(unit.head.path)
 
 
-def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str) -> pl.DataFrame:
+def score_head(
+    plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The head's metrics frame and its per-row predictions frame."""
     test = read(plan.test.path)
     check_varies(test.logits, "ID test set", plan.test.path)
     id_pred, seconds = timed_predict(head, test, device)
@@ -102,9 +114,12 @@ def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str
         + selective_metrics(id_pred.scores, correct)
         + reliability_bins(id_pred.probs.max(axis=1), correct)
     ]
+    parts = [("id", plan.id_dataset, row_columns(id_pred, test.index, test.labels))]
     for ood in plan.ood:
-        ood_pred, _ = timed_predict(head, read(ood.path), device)
+        features = read(ood.path)
+        ood_pred, _ = timed_predict(head, features, device)
         rows += [("ood", ood.name, m) for m in ood_metrics(id_pred.scores, ood_pred.scores)]
+        parts.append(("ood", ood.name, row_columns(ood_pred, features.index, None)))
     timing = (test.manifest or {}).get("timing") or {}  # measured by extract; absent for BYOF
     meta = {
         "inference_s_per_sample": float(np.median(seconds)) / len(test.labels),
@@ -114,7 +129,18 @@ def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str
         "backbone_passes": head.backbone_passes,
         "fit_split": json.loads((unit.head.path / RECORD).read_text()).get("fit_split"),
     }
-    return metrics_frame(plan, unit, rows, meta, head)
+    frame = metrics_frame(plan, unit, rows, meta, head)
+    return frame, rows_frame(parts, row_provenance(frame))
+
+
+def row_provenance(frame: pl.DataFrame) -> dict[str, Any]:
+    """The columns of the metrics frame that say whose rows these are and how they were made."""
+    names = (
+        "pipeline", "backbone", "id_dataset", "method", "method_label", "variant", "family",
+        "seed", "sweep", "head_key", "metrics_key", "code_version", "etn_version",
+        "metrics_version", "created_at",
+    )  # fmt: skip
+    return {name: frame[name][0] for name in names}
 
 
 def timed_predict(head: Head, features: Any, device: str) -> tuple[Prediction, float]:

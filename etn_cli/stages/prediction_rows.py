@@ -1,0 +1,118 @@
+"""The per-row predictions ``etn evaluate`` keeps beside each metrics file, so that a paired
+test (``etn report --compare``) and the risk–coverage curves can resample the very rows the
+metrics were computed on.
+
+``<data>/predictions/<pipeline>/<head>-<key>.parquet``, with the key of its metrics file, one
+row per (eval set, sample):
+
+* ``eval_set``, ``task`` (``"id"`` for the ID test set, ``"ood"`` for an OOD set), ``row`` (the
+  sample's position in its source split, the shards' ``index``);
+* ``prediction``, ``confidence`` (its probability, the max probability);
+* on the ID test set only (null on OOD rows): ``label``, ``correct``, ``nll``
+  (``-log max(p_y, 1e-12)``) and ``brier`` (``sum_i (p_i - [i = y])^2``), whose means are the
+  metrics file's values;
+* ``score_<name>`` for every score of the head, as the head gives it (not oriented);
+* with a ``[conformal]`` section, ``set_size`` and (ID rows) ``covered``: the size of the
+  conformal prediction set and whether it holds the label;
+* the provenance of the metrics file (pipeline, method, label, seed, ``metrics_key``, code and
+  etn versions, time of writing), so every row says how it was made.
+
+The file is sealed like the metrics file (a ``.sha256`` sidecar checked before parsing) and
+written first: a metrics file is only ever beside its predictions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from etn_cli.errors import EtnError
+from etn_cli.metrics.evaluation import NLL_FLOOR
+
+PREDICTIONS = "predictions"  # the folder beside <data>/metrics
+SCORE_PREFIX = "score_"
+
+
+def predictions_path(metrics_path: Path) -> Path:
+    """``<data>/predictions/<pipeline>/<file>`` for ``<data>/metrics/<pipeline>/<file>``."""
+    metrics_path = Path(metrics_path)
+    return metrics_path.parents[2] / PREDICTIONS / metrics_path.parent.name / metrics_path.name
+
+
+def row_columns(
+    prediction: Any, index: np.ndarray, labels: np.ndarray | None, extra: dict | None = None
+) -> dict[str, Any]:
+    """The columns of one eval set: ``labels`` (N,) for the ID test set, None for OOD rows."""
+    probs = np.asarray(prediction.probs, dtype=np.float64)  # (N, C)
+    predicted = np.asarray(prediction.predictions, dtype=np.int64)  # (N,)
+    rows = np.arange(len(predicted))
+    columns: dict[str, Any] = {
+        "row": np.asarray(index, dtype=np.int64),
+        "prediction": predicted,
+        "confidence": probs.max(axis=1),
+        "label": None,
+        "correct": None,
+        "nll": None,
+        "brier": None,
+    }
+    if labels is not None:
+        labels = np.asarray(labels, dtype=np.int64)
+        onehot = np.zeros_like(probs)
+        onehot[rows, labels] = 1.0
+        columns |= {
+            "label": labels,
+            "correct": predicted == labels,
+            "nll": -np.log(np.clip(probs[rows, labels], NLL_FLOOR, None)),
+            "brier": ((probs - onehot) ** 2).sum(axis=1),
+        }
+    scores = {f"{SCORE_PREFIX}{k}": np.asarray(v, np.float64) for k, v in prediction.scores.items()}
+    return columns | scores | (extra or {})
+
+
+ROW_TYPES = {
+    "row": pl.Int64, "prediction": pl.Int64, "confidence": pl.Float64, "label": pl.Int64,
+    "correct": pl.Boolean, "nll": pl.Float64, "brier": pl.Float64, "set_size": pl.Int64,
+    "covered": pl.Boolean,
+}  # fmt: skip
+
+
+def rows_frame(parts: list[tuple[str, str, dict]], provenance: dict[str, Any]) -> pl.DataFrame:
+    """One frame of every ``(task, eval_set, columns)`` part, with the provenance columns."""
+    frames = []
+    for task, eval_set, columns in parts:
+        n = len(columns["row"])
+        data = {k: (pl.Series(k, [None] * n, ROW_TYPES[k]) if v is None else v)
+                for k, v in columns.items()}  # fmt: skip
+        frame = pl.DataFrame(data).with_columns(
+            pl.lit(eval_set).alias("eval_set"), pl.lit(task).alias("task")
+        )
+        frames.append(frame.cast({k: t for k, t in ROW_TYPES.items() if k in frame.columns}))
+    frame = pl.concat(frames, how="diagonal_relaxed")
+    first = ["eval_set", "task"]
+    frame = frame.select(*first, *(c for c in frame.columns if c not in first))
+    return frame.with_columns(pl.lit(v).alias(k) for k, v in provenance.items())
+
+
+def read_rows(path: Path) -> pl.DataFrame:
+    """A predictions file, after checking its bytes against its sidecar."""
+    import io
+
+    from etn_cli.store.artefacts.sealed import read_sealed
+
+    data = read_sealed(path, legacy_ok=False)
+    try:
+        return pl.read_parquet(io.BytesIO(data))
+    except (OSError, pl.exceptions.PolarsError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise EtnError(
+            f"Predictions file {path} is not a readable Parquet file ({first}). Delete it and "
+            "run etn evaluate (or etn run) again."
+        ) from None
+
+
+def scores_of(frame: pl.DataFrame) -> list[str]:
+    """The score names a predictions frame carries."""
+    return [c.removeprefix(SCORE_PREFIX) for c in frame.columns if c.startswith(SCORE_PREFIX)]
