@@ -76,8 +76,11 @@ def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
 
     rows = math.ceil(len(panels) / COLUMNS)
     cols = min(COLUMNS, len(panels))
-    fig = plt.figure(figsize=(2.4 * cols, 2.5 * rows + 0.8), layout="constrained")
-    grid = fig.add_gridspec(rows + 1, cols, height_ratios=[1.0] * rows + [0.18])
+    width = max(2.4 * cols, 5.0)  # room for the legend under one or two panels
+    fig = plt.figure(figsize=(width, 2.5 * rows + 0.8 + 0.3 * (cols < 4)), layout="constrained")
+    grid = fig.add_gridspec(
+        rows + 1, cols, height_ratios=[1.0] * rows + [0.18 if cols >= 4 else 0.34]
+    )
     axes = [fig.add_subplot(grid[i // cols, i % cols]) for i in range(len(panels))]
     footnotes = []
     for i, (ax, labels) in enumerate(zip(axes, panels, strict=True)):
@@ -94,15 +97,18 @@ def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
             ax.set_ylabel("accuracy; share", fontsize=8)
     key = fig.add_subplot(grid[rows, :])  # the legend and footnotes, under every panel
     key.axis("off")
-    key.legend(handles=_legend_handles(), loc="upper center", ncols=4, frameon=False, fontsize=8)
+    key.legend(
+        handles=_legend_handles(), loc="upper center", ncols=4 if cols >= 4 else 2,
+        frameon=False, fontsize=8,
+    )  # fmt: skip
     if footnotes:
-        notes = "\n".join(textwrap.fill(n, 40 * cols) for n in footnotes)
+        notes = "\n".join(textwrap.fill(n, int(16 * width)) for n in footnotes)
         key.text(0.0, 0.0, notes, fontsize=7, va="top", transform=key.transAxes)
-    fig.suptitle(
+    title = (
         "Reliability on the ID test set (15 bins, seeds pooled; hollow, unjoined: bins with "
-        f"fewer than {SPARSE_BIN} predictions per seed)",
-        fontsize=10,
+        f"fewer than {SPARSE_BIN} predictions per seed)"
     )
+    fig.suptitle(textwrap.fill(title, int(15 * width)), fontsize=10)
     return _save(fig, folder, "reliability")
 
 
