@@ -1,0 +1,337 @@
+"""Paired comparisons against a reference method (``etn report --compare ETN``).
+
+Every method is scored on the same test rows as the reference, so the question "is A better
+than B?" is answered on paired data: for each metric, score and eval set, the difference
+``method - reference`` of the table's value, with a 95% percentile bootstrap interval.
+
+* **Within a seed**, the bootstrap resamples the test rows: each replicate draws the ID test
+  set's rows with replacement (and, for OOD metrics, each OOD set's rows, separately, so every
+  replicate keeps the sets' sizes) and computes both methods' metric on the very same draw.
+  Every method and seed sees the same draws, so the difference is paired.
+* **Seeds combined**: the difference of the means over seeds, which is the difference of the
+  table's two cells. Its replicates draw the test rows as above (the same draw for every seed:
+  the seeds share one test set) and, where there are two seeds or more, also the seeds, with
+  replacement, so the interval covers both the test set's sampling and the training seeds'
+  spread. A seed-free method (MAP, a post-hoc scorer: one fit) is paired with every seed of the
+  other; two seeded methods are paired seed by seed.
+* A difference is **significant** when its interval excludes zero.
+
+Pairs of scores are those the table sets side by side: the summary's AUROC and FPR95
+(``headline``) pair each method's headline OOD score (its own, else MP) with the reference's;
+everywhere else (``same``) a score meets the same score, and a method's own score the
+reference's own score.
+The metrics are recomputed from the predictions files (:mod:`etn_cli.stages.prediction_rows`)
+with :mod:`etn_cli.metrics.weighted`; at full weights they are the metrics files' values.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from etn_cli.errors import EtnError
+from etn_cli.metrics.ranking import RANKING_METRICS
+from etn_cli.metrics.scores import id_score
+from etn_cli.metrics.selective import SELECTIVE_METRICS, selective_values
+from etn_cli.metrics.weighted import weighted_calibration, weighted_mean, weighted_ranking
+from etn_cli.report.tables import METHOD, SEED_KEYS, STANDARD_SCORES
+from etn_cli.stages.prediction_rows import SCORE_PREFIX, read_rows
+
+BOOTSTRAP_SAMPLES = 1000
+BOOTSTRAP_SEED = 0
+CALIBRATION = ("acc", "ece", "nll", "brier")
+CONFORMAL = ("coverage", "set_size")
+COMPARED = (*CALIBRATION, *RANKING_METRICS, *SELECTIVE_METRICS, *CONFORMAL)
+PAIRINGS = ("headline", "same")
+
+
+@dataclass
+class Resamples:
+    """The bootstrap draws every method shares: per eval set, the multiplicity of each of its
+    rows in each replicate (row 0: the full data); per number of seeds, the seeds drawn."""
+
+    samples: int = BOOTSTRAP_SAMPLES
+    seed: int = BOOTSTRAP_SEED
+    _rows: dict = field(default_factory=dict)
+    _seeds: dict = field(default_factory=dict)
+
+    def rows(self, eval_set: str, size: int) -> np.ndarray:
+        """(B + 1, size): ones, then B multinomial draws of ``size`` rows."""
+        if (eval_set, size) not in self._rows:
+            rng = np.random.default_rng([self.seed, zlib.crc32(eval_set.encode())])
+            draws = rng.multinomial(size, np.full(size, 1.0 / size), size=self.samples)
+            self._rows[eval_set, size] = np.vstack([np.ones(size), draws]).astype(np.float64)
+        return self._rows[eval_set, size]
+
+    def seeds(self, count: int) -> np.ndarray:
+        """(B, count) indices of the seeds each replicate draws."""
+        if count not in self._seeds:
+            rng = np.random.default_rng([self.seed, 7, count])
+            self._seeds[count] = rng.integers(0, count, size=(self.samples, count))
+        return self._seeds[count]
+
+
+class Predictions:
+    """One method's per-row predictions for one seed, each eval set ordered by row, with its
+    metrics under the shared resamples (cached)."""
+
+    def __init__(self, frame: pl.DataFrame, id_dataset: str, averages: dict[str, list[str]]):
+        self.sets = {
+            name: part.sort("row")
+            for (name,), part in frame.partition_by("eval_set", as_dict=True).items()
+        }
+        self.id_dataset = id_dataset
+        self.averages = averages
+        self._cache: dict[tuple, dict[str, np.ndarray]] = {}
+
+    def rows(self, eval_set: str) -> np.ndarray:
+        return self.sets[eval_set]["row"].to_numpy()
+
+    def has(self, task: str, eval_set: str, score: str | None) -> bool:
+        sets = self.averages.get(eval_set, [eval_set]) if task == "ood" else [eval_set]
+        column = None if score is None else SCORE_PREFIX + score
+        return all(
+            s in self.sets and (column is None or column in self.sets[s].columns) for s in sets
+        )
+
+    def value(self, task: str, eval_set: str, metric: str, score: str | None, draws: Resamples):
+        """The metric under every replicate, (B + 1,) (first: the full data)."""
+        if task == "ood" and eval_set in self.averages:
+            parts = [self.value(task, s, metric, score, draws) for s in self.averages[eval_set]]
+            return np.mean(parts, axis=0)
+        family = next(f for f, names in FAMILIES.items() if metric in names)
+        key = (task, eval_set, family, score)
+        if key not in self._cache:
+            self._cache[key] = self._compute(task, eval_set, family, score, draws)
+        return self._cache[key][metric]
+
+    def _score(self, eval_set: str, score: str) -> np.ndarray:
+        return id_score(score, self.sets[eval_set][SCORE_PREFIX + score].to_numpy())
+
+    def _compute(self, task, eval_set, family, score, draws) -> dict[str, np.ndarray]:  # noqa: ANN001
+        test = self.sets[self.id_dataset]
+        w_id = draws.rows(self.id_dataset, test.height)
+        if task == "id":
+            correct = test["correct"].to_numpy()
+            if family == "calibration":
+                columns = [test[c].to_numpy() for c in ("correct", "confidence", "nll", "brier")]
+                return weighted_calibration(*columns, w_id)
+            if family == "ranking":
+                return weighted_ranking(correct, self._score(eval_set, score), w_id)
+            if family == "selective":
+                return selective_values(self._score(eval_set, score), correct, w_id)
+            return {
+                "coverage": weighted_mean(test["covered"].to_numpy(), w_id),
+                "set_size": weighted_mean(test["set_size"].to_numpy(), w_id),
+            }
+        other = self.sets[eval_set]
+        w_ood = draws.rows(eval_set, other.height)
+        if family == "conformal":
+            return {"set_size": weighted_mean(other["set_size"].to_numpy(), w_ood)}
+        labels = np.r_[np.ones(test.height), np.zeros(other.height)]
+        scores = np.r_[self._score(self.id_dataset, score), self._score(eval_set, score)]
+        return weighted_ranking(labels, scores, np.hstack([w_id, w_ood]))
+
+
+FAMILIES = {
+    "calibration": CALIBRATION,
+    "ranking": RANKING_METRICS,
+    "selective": SELECTIVE_METRICS,
+    "conformal": CONFORMAL,
+}
+
+
+def load_predictions(
+    paths: list[Path], metrics: pl.DataFrame
+) -> dict[tuple, dict[int, Predictions]]:
+    """Per method key (:data:`~etn_cli.report.tables.METHOD`) and seed, the predictions of
+    the files at ``paths`` (each beside a metrics file of ``metrics``)."""
+    id_dataset = metrics["id_dataset"][0]
+    averages = ood_averages(metrics)
+    found: dict[tuple, dict[int, Predictions]] = {}
+    reference_rows = None
+    for path in paths:
+        if not Path(path).is_file():
+            raise EtnError(
+                f"Paired comparisons need the per-row predictions {path}, which is missing. Run "
+                "etn evaluate --force (or delete the metrics file and etn run) to write it."
+            )
+        frame = read_rows(path)
+        key = tuple(frame[c][0] for c in METHOD)
+        predictions = Predictions(frame, id_dataset, averages)
+        rows = predictions.rows(id_dataset)
+        if reference_rows is None:
+            reference_rows = rows
+        elif not np.array_equal(rows, reference_rows):
+            raise EtnError(
+                f"{path} holds other ID test rows than the other predictions files: they were "
+                "not evaluated on one test set, so they cannot be paired. Re-run etn evaluate."
+            )
+        found.setdefault(key, {})[int(frame["seed"][0])] = predictions
+    return found
+
+
+def ood_averages(metrics: pl.DataFrame) -> dict[str, list[str]]:
+    """The averaged OOD eval sets the summary shows and the sets each averages:
+    ``<id>-OOD`` (every set, when there are two or more) and ``<group>-OOD`` per group."""
+    ood = metrics.filter(pl.col("task") == "ood").select("id_dataset", "eval_set", "ood_group")
+    sets = ood["eval_set"].unique(maintain_order=True).to_list()
+    averages = {}
+    if len(sets) >= 2:
+        averages[f"{metrics['id_dataset'][0]}-OOD"] = sets
+    for group, members in ood.drop_nulls("ood_group").group_by("ood_group", maintain_order=True):
+        averages[f"{group[0]}-OOD"] = members["eval_set"].unique(maintain_order=True).to_list()
+    return averages
+
+
+def find_reference(summary: pl.DataFrame, name: str) -> tuple:
+    """The method key ``--compare NAME`` names: a report label (any case), else a head name
+    with one label; otherwise a usage error listing the labels."""
+    from etn_cli.cli_options import UsageError, choose
+
+    keys = summary.select(METHOD).unique(maintain_order=True).rows()
+    by_label = {key[1].lower(): key for key in keys}
+    if name.lower() in by_label:
+        return by_label[name.lower()]
+    heads = [key for key in keys if key[0] == name.lower()]
+    if len(heads) == 1:
+        return heads[0]
+    labels = tuple(key[1] for key in keys)
+    if len(heads) > 1:
+        named = ", ".join(repr(key[1]) for key in heads)
+        raise UsageError(
+            f"--compare {name!r} names {len(heads)} results ({named}). Pass one label."
+        )
+    choose(name, labels, "method for --compare")  # raises, with "did you mean"
+    raise AssertionError  # pragma: no cover
+
+
+def compare(
+    summary: pl.DataFrame,
+    predictions: dict[tuple, dict[int, Predictions]],
+    reference: tuple,
+    pairing: str,
+    draws: Resamples,
+) -> pl.DataFrame:
+    """One row per (method, eval set, metric, score) of ``summary`` that the reference can be
+    paired with: the summary's key columns, ``mean`` (the difference, method - reference),
+    ``lo``/``hi`` (its 95% interval), ``significant``, ``n_seeds``, ``seeds``, ``note``,
+    ``reference``, ``reference_score`` and ``per_seed`` (the same per seed pair)."""
+    from etn_cli.report.views import own_scores
+
+    headline = own_scores(summary)
+    cells = summary.filter(
+        pl.col("metric").is_in(COMPARED) & pl.col("task").is_in(["id", "ood"])
+        & pl.col("mean").is_not_null()
+    )  # fmt: skip
+    seeds_of = {
+        (tuple(r[c] for c in METHOD), r["task"], r["eval_set"], r["metric"], r["score"]): r["seeds"]
+        for r in cells.iter_rows(named=True)
+    }
+    records = []
+    for row in cells.iter_rows(named=True):
+        key = tuple(row[c] for c in METHOD)
+        if key == reference:
+            continue
+        theirs = _paired_score(row, key, reference, pairing, headline, seeds_of)
+        if theirs is UNPAIRED:
+            continue
+        where = (row["task"], row["eval_set"], row["metric"])
+        pairs = seed_pairs(row["seeds"], seeds_of[(reference, *where, theirs)])
+        if not pairs:
+            continue
+        ours, refs = predictions.get(key, {}), predictions.get(reference, {})
+        if not all(m in ours and r in refs for m, r in pairs):
+            continue
+        if not all(ours[m].has(row["task"], row["eval_set"], row["score"]) for m, _ in pairs):
+            continue
+        diffs = np.stack(
+            [
+                ours[m].value(*where[:2], row["metric"], row["score"], draws)
+                - refs[r].value(*where[:2], row["metric"], theirs, draws)
+                for m, r in pairs
+            ]
+        )  # fmt: skip  (S, B + 1)
+        records.append(_record(row, reference, theirs, pairs, diffs, draws))
+    schema = {k: summary.schema[k] for k in SEED_KEYS} | RESULT_TYPES
+    if not records:
+        return pl.DataFrame(schema=schema)
+    return pl.DataFrame(records, schema_overrides=schema, infer_schema_length=None)
+
+
+RESULT_TYPES = {
+    "mean": pl.Float64, "lo": pl.Float64, "hi": pl.Float64, "significant": pl.Boolean,
+    "n_seeds": pl.UInt32, "seeds": pl.List(pl.Int64), "note": pl.String, "reference": pl.String,
+    "reference_score": pl.String,
+    "per_seed": pl.List(pl.Struct({"seed": pl.Int64, "reference_seed": pl.Int64,
+                                   "difference": pl.Float64, "lo": pl.Float64, "hi": pl.Float64})),
+}  # fmt: skip
+
+
+UNPAIRED = "<unpaired>"  # no score of the reference faces this cell (None is a score: none)
+HEADLINE_METRICS = ("auroc", "fpr95")  # the summary's columns that rank by the headline score
+
+
+def _paired_score(row, key, reference, pairing, headline, seeds_of) -> str | None:  # noqa: ANN001
+    """The reference's score that the table sets beside ``row``'s, or :data:`UNPAIRED`."""
+    score, where = row["score"], (row["task"], row["eval_set"], row["metric"])
+    if row["task"] == "ood" and row["metric"] in HEADLINE_METRICS and pairing == "headline":
+        if score != headline.get(key, "mp"):
+            return UNPAIRED
+        theirs = headline.get(reference, "mp")
+    elif score is None or score in STANDARD_SCORES:
+        theirs = score
+    else:  # a method's own score faces the reference's own score
+        own = [s for (k, *w, s) in seeds_of if k == reference and tuple(w) == where]
+        own = [s for s in own if s is not None and s not in STANDARD_SCORES]
+        theirs = own[0] if len(own) == 1 else UNPAIRED
+    return theirs if (reference, *where, theirs) in seeds_of else UNPAIRED
+
+
+def seed_pairs(ours: list[int], theirs: list[int]) -> list[tuple[int, int]]:
+    """(method seed, reference seed) pairs: a single seed (a seed-free method) meets each seed
+    of the other; otherwise the seeds both have, seed by seed."""
+    if len(ours) == 1 or len(theirs) == 1:
+        return [(m, r) for m in ours for r in theirs]
+    return [(s, s) for s in sorted(set(ours) & set(theirs))]
+
+
+def interval(replicates: np.ndarray) -> tuple[float, float]:
+    """The 95% percentile interval of the finite replicates."""
+    finite = replicates[np.isfinite(replicates)]
+    if finite.size == 0:
+        return float("nan"), float("nan")
+    low, high = np.percentile(finite, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _record(row, reference, theirs, pairs, diffs, draws) -> dict[str, Any]:  # noqa: ANN001
+    """The comparison row of one cell from its per-pair differences (S, B + 1)."""
+    replicates = diffs[0, 1:]
+    if len(pairs) >= 2:  # seeds drawn too
+        picked = np.take_along_axis(diffs[:, 1:].T, draws.seeds(len(pairs)), axis=1)
+        replicates = picked.mean(axis=1)
+    low, high = interval(replicates)
+    per_seed = []
+    for (mine, ref), diff in zip(pairs, diffs, strict=True):
+        lo, hi = interval(diff[1:])
+        per_seed.append({"seed": mine, "reference_seed": ref, "difference": float(diff[0]),
+                         "lo": lo, "hi": hi})  # fmt: skip
+    return {
+        **{k: row[k] for k in SEED_KEYS},
+        "mean": float(diffs[:, 0].mean()),
+        "lo": low,
+        "hi": high,
+        "significant": bool(low > 0 or high < 0),
+        "n_seeds": len(pairs),
+        "seeds": sorted({m for m, _ in pairs}),
+        "note": None,
+        "reference": reference[1],
+        "reference_score": theirs,
+        "per_seed": per_seed,
+    }
