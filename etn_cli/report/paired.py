@@ -192,7 +192,9 @@ def ood_averages(metrics: pl.DataFrame) -> dict[str, list[str]]:
 def find_reference(summary: pl.DataFrame, name: str) -> tuple:
     """The method key ``--compare NAME`` names: a report label (any case), else a head name
     with one label; otherwise a usage error listing the labels."""
-    from etn_cli.cli_options import UsageError, choose
+    import difflib
+
+    from etn_cli.cli_options import UsageError
 
     keys = summary.select(METHOD).unique(maintain_order=True).rows()
     by_label = {key[1].lower(): key for key in keys}
@@ -201,14 +203,17 @@ def find_reference(summary: pl.DataFrame, name: str) -> tuple:
     heads = [key for key in keys if key[0] == name.lower()]
     if len(heads) == 1:
         return heads[0]
-    labels = tuple(key[1] for key in keys)
     if len(heads) > 1:
         named = ", ".join(repr(key[1]) for key in heads)
         raise UsageError(
             f"--compare {name!r} names {len(heads)} results ({named}). Pass one label."
         )
-    choose(name, labels, "method for --compare")  # raises, with "did you mean"
-    raise AssertionError  # pragma: no cover
+    close = difflib.get_close_matches(name.lower(), list(by_label), n=1, cutoff=0.5)
+    hint = f" Did you mean {by_label[close[0]][1]!r}?" if close else ""
+    raise UsageError(
+        f"Unknown method {name!r} for --compare.{hint} Choose a label of the report: "
+        f"{', '.join(key[1] for key in keys)}."
+    )
 
 
 def compare(
