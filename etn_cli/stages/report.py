@@ -26,6 +26,7 @@ from etn_cli.report.paired import BOOTSTRAP_SAMPLES
 from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render
+from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
 from etn_cli.stages.prediction_rows import predictions_path
@@ -35,9 +36,11 @@ from etn_cli.store.fingerprint import fingerprint_key
 # 3: one frontier file per metric, colour-blind palette; 5: sweep plots keep a colour per score,
 # swept values as ticks; 6: reliability diagrams; 7: distinct marker shapes, methods sharing
 # an accuracy spread sideways; 8: one marker per distinct result, Pareto-front labels, runtime
-# only when distinguishable, reliability panels per distinct probabilities, own y-range per sweep
+# only when distinguishable, reliability panels per distinct probabilities, own y-range per sweep,
+# risk-coverage curves
 PLOTS_VERSION = 8
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
+RISK_COVERAGE = "risk-coverage"  # likewise
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"
 REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
@@ -198,6 +201,8 @@ def _plots(
 
     plots = {name: ranking(name) for name in wanted}
     plots[RELIABILITY] = lambda: reliability_plot(metrics, folder)
+    rows = {u.key: predictions_path(u.path) for u in plan.metrics}
+    plots[RISK_COVERAGE] = lambda: risk_coverage_plot(metrics, rows, folder)
     for name, draw in plots.items():
         paths = [folder / f for f in drawn.get(name, [])]
         if not paths or not all(p.is_file() for p in paths):
