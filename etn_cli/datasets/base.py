@@ -50,6 +50,18 @@ def subsample(split: Split, rows: int, seed: int) -> Split:
     )  # fmt: skip
 
 
+def select_rows(split: Split, positions: np.ndarray) -> Split:
+    """The split restricted to the rows at ``positions`` (sorted), ``index`` still naming each
+    sample's position in its source split."""
+    from torch.utils.data import Subset
+
+    positions = np.sort(np.asarray(positions, dtype=np.int64))
+    return Split(
+        split.dataset, split.split, Subset(split.data, positions.tolist()),
+        split.index[positions], split.num_classes, split.fingerprint,
+    )  # fmt: skip
+
+
 def check_inputs(split: Split) -> None:
     """Check what can be checked of every input of ``split`` without reading it in full,
     before anything is extracted: a dataset of image files opens every image's header

@@ -39,8 +39,11 @@ def weighted_calibration(
 
 
 def weighted_mean(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """``sum_n w_n v_n / sum_n w_n`` per replicate, (B,)."""
-    return weights @ np.asarray(values, np.float64) / weights.sum(axis=1)
+    """``sum_n w_n v_n / sum_n w_n`` per replicate over the rows with a value (NaN marks a
+    row without one), (B,)."""
+    values = np.asarray(values, np.float64)
+    known = np.isfinite(values)
+    return weights[:, known] @ values[known] / weights[:, known].sum(axis=1)
 
 
 def _groups(

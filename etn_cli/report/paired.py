@@ -92,9 +92,10 @@ class Predictions:
     def rows(self, eval_set: str) -> np.ndarray:
         return self.sets[eval_set]["row"].to_numpy()
 
-    def has(self, task: str, eval_set: str, score: str | None) -> bool:
+    def has(self, task: str, eval_set: str, metric: str, score: str | None) -> bool:
         sets = self.averages.get(eval_set, [eval_set]) if task == "ood" else [eval_set]
         column = None if score is None else SCORE_PREFIX + score
+        column = "set_size" if metric in CONFORMAL else column
         return all(
             s in self.sets and (column is None or column in self.sets[s].columns) for s in sets
         )
@@ -126,13 +127,13 @@ class Predictions:
             if family == "selective":
                 return selective_values(self._score(eval_set, score), correct, w_id)
             return {
-                "coverage": weighted_mean(test["covered"].to_numpy(), w_id),
-                "set_size": weighted_mean(test["set_size"].to_numpy(), w_id),
+                name: weighted_mean(test[column].cast(pl.Float64).to_numpy(), w_id)
+                for name, column in (("coverage", "covered"), ("set_size", "set_size"))
             }
         other = self.sets[eval_set]
         w_ood = draws.rows(eval_set, other.height)
         if family == "conformal":
-            return {"set_size": weighted_mean(other["set_size"].to_numpy(), w_ood)}
+            return {"set_size": weighted_mean(other["set_size"].cast(pl.Float64).to_numpy(), w_ood)}
         labels = np.r_[np.ones(test.height), np.zeros(other.height)]
         scores = np.r_[self._score(self.id_dataset, score), self._score(eval_set, score)]
         return weighted_ranking(labels, scores, np.hstack([w_id, w_ood]))
@@ -253,7 +254,8 @@ def compare(
         ours, refs = predictions.get(key, {}), predictions.get(reference, {})
         if not all(m in ours and r in refs for m, r in pairs):
             continue
-        if not all(ours[m].has(row["task"], row["eval_set"], row["score"]) for m, _ in pairs):
+        where_score = (row["task"], row["eval_set"], row["metric"], row["score"])
+        if not all(ours[m].has(*where_score) for m, _ in pairs):
             continue
         diffs = np.stack(
             [

@@ -206,7 +206,8 @@ def conformal_view(summary: pl.DataFrame) -> pl.DataFrame:
     sets = summary.filter((pl.col("task") == "ood") & (pl.col("metric") == "set_size"))
     for eval_set in sets["eval_set"].unique(maintain_order=True).to_list():
         keep = (pl.col("task") == "ood") & (pl.col("eval_set") == eval_set)
-        specs.append((f"{eval_set} Size", keep & (pl.col("metric") == "set_size"), "set_size"))
+        name = f"OOD set size {eval_set}"  # the eval set under one "OOD set size" heading
+        specs.append((name, keep & (pl.col("metric") == "set_size"), "set_size"))
     return build_table(summary, specs)
 
 

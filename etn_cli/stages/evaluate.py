@@ -30,6 +30,13 @@ from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
 from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
+from etn_cli.stages.conformal_sets import (
+    calibrate,
+    id_results,
+    measured_rows,
+    ood_results,
+    test_name,
+)
 from etn_cli.stages.prediction_rows import predictions_path, row_columns, rows_frame
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
@@ -114,12 +121,24 @@ def score_head(
         + selective_metrics(id_pred.scores, correct)
         + reliability_bins(id_pred.probs.max(axis=1), correct)
     ]
-    parts = [("id", plan.id_dataset, row_columns(id_pred, test.index, test.labels))]
+    sets = calibrate(plan, head, read, device) if plan.pipeline.conformal else None
+    id_sets: dict = {}
+    if sets is not None:
+        measured = measured_rows(plan, len(test.labels))
+        found, id_sets = id_results(
+            sets, id_pred.probs, test.index, test.labels, test_name(plan), measured
+        )
+        rows += [("id", plan.id_dataset, m) for m in found]
+    parts = [("id", plan.id_dataset, row_columns(id_pred, test.index, test.labels, id_sets))]
     for ood in plan.ood:
         features = read(ood.path)
         ood_pred, _ = timed_predict(head, features, device)
         rows += [("ood", ood.name, m) for m in ood_metrics(id_pred.scores, ood_pred.scores)]
-        parts.append(("ood", ood.name, row_columns(ood_pred, features.index, None)))
+        ood_sets: dict = {}
+        if sets is not None:
+            found, ood_sets = ood_results(sets, ood_pred.probs, features.index, ood.name)
+            rows += [("ood", ood.name, m) for m in found]
+        parts.append(("ood", ood.name, row_columns(ood_pred, features.index, None, ood_sets)))
     timing = (test.manifest or {}).get("timing") or {}  # measured by extract; absent for BYOF
     meta = {
         "inference_s_per_sample": float(np.median(seconds)) / len(test.labels),

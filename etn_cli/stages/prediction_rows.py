@@ -89,6 +89,8 @@ def rows_frame(parts: list[tuple[str, str, dict]], provenance: dict[str, Any]) -
         frame = pl.DataFrame(data).with_columns(
             pl.lit(eval_set).alias("eval_set"), pl.lit(task).alias("task")
         )
+        unmeasured = [c for c in ("set_size", "covered") if frame.schema.get(c) == pl.Float64]
+        frame = frame.with_columns(pl.col(unmeasured).fill_nan(None))  # rows that calibrated
         frames.append(frame.cast({k: t for k, t in ROW_TYPES.items() if k in frame.columns}))
     frame = pl.concat(frames, how="diagonal_relaxed")
     first = ["eval_set", "task"]
