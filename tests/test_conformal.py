@@ -129,6 +129,15 @@ def test_a_pipeline_holds_out_part_of_the_adaptation_split_and_reports_sets(tmp_
     assert test["covered"].mean() == pytest.approx(values["digits", "coverage"])
     code, table = etn("report", tmp_path / "conf.toml", "-d", data, "--metric", "coverage")
     assert code == 0 and "Coverage" in table and "digits_unseen" in table
+    out = tmp_path / "sets.csv"
+    code, printed = etn("predict", tmp_path / "conf.toml", "digits:test", "--head", "map",
+                        "-d", data, "--out", out, "--sets")  # fmt: skip
+    assert code == 0, printed
+    lines = [line.split("\t") for line in printed.splitlines() if "\t" in line]
+    assert len(lines) == test.height and lines[0][0] == "digits:test#21"
+    written = pl.read_csv(out)
+    assert written["set_size"].to_list() == test.sort("row")["set_size"].to_list()  # evaluate's
+    assert all(s.startswith("{") for s in written["prediction_set"])
 
 
 def test_calibrating_on_the_test_split_measures_on_its_other_rows(tmp_path):
