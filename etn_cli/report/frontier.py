@@ -74,9 +74,10 @@ def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[
     timed = [r for r in results if r.runtime is not None]
     show_runtime = runtimes_differ(timed)
     same_accuracy = len({round(r.acc, SAME) for r in results}) == 1
-    panels = 1 if same_accuracy else 1 + show_runtime
+    panels = 1 + show_runtime
     height = max(4.2, 0.28 * len(results) + 1.2) if same_accuracy else 4.6
-    fig, axes = plt.subplots(1, panels, figsize=(6.2 * panels, height), squeeze=False)
+    width = 6.2 * panels - (1.8 if same_accuracy and show_runtime else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(width, height), squeeze=False)
     axes = axes[0]
     better = "lower is better" if lower_better else "higher is better"
     quality_label = f"OOD {metric.upper()} (%), {ood_set}, {better}"
@@ -85,10 +86,10 @@ def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[
         "the Pareto front; score: the method's own OOD score, else MP."
     ]
     if same_accuracy:
-        _ranked(axes[0], results, quality_label, lower_better)
+        ordered = _ranked(axes[0], results, quality_label, lower_better)
         notes = [f"Every method has ID accuracy {results[0].acc:.2f}%: ranked by quality."]
         if show_runtime:
-            notes.append("Runtime differences are in the runtime table (--metric runtime).")
+            _ranked_runtime(axes[1], ordered)
     else:
         _scatter(axes[0], results, "acc", "ID accuracy (%)", lower_better)
         axes[0].set_ylabel(quality_label)
@@ -105,7 +106,10 @@ def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[
         " and inference time" if show_runtime and not same_accuracy else ""
     ))  # fmt: skip
     fig.text(0.01, 0.005, "\n".join(textwrap.fill(n, 130) for n in notes), fontsize=8)
-    fig.subplots_adjust(left=0.09 if not same_accuracy else 0.3, right=0.84, bottom=0.2, top=0.9)
+    left = 0.09 if not same_accuracy else 0.3 / panels
+    fig.subplots_adjust(
+        left=left, right=0.84, bottom=0.2, top=0.9, wspace=0.08 if same_accuracy else 0.2
+    )
     return _save(fig, folder, f"frontier-{metric}")
 
 
@@ -260,8 +264,9 @@ def _label(ax, points: list[tuple[float, float, str]]) -> None:  # noqa: ANN001
         )  # fmt: skip
 
 
-def _ranked(ax, results: list[Result], xlabel: str, lower_better: bool) -> None:  # noqa: ANN001
-    """A dot plot, best first from the top: each result's quality with its 95% interval."""
+def _ranked(ax, results: list[Result], xlabel: str, lower_better: bool) -> list[Result]:  # noqa: ANN001
+    """A dot plot, best first from the top: each result's quality with its 95% interval;
+    returns the results in their order from the top."""
     ordered = sorted(results, key=lambda r: r.quality, reverse=not lower_better)
     y = np.arange(len(ordered))[::-1]
     for yi, result in zip(y, ordered, strict=True):
@@ -271,7 +276,31 @@ def _ranked(ax, results: list[Result], xlabel: str, lower_better: bool) -> None:
             color=style["color"], markersize=6, elinewidth=1, capsize=2,
         )  # fmt: skip
     ax.set_yticks(y, [textwrap.shorten(r.label, 60) for r in ordered], fontsize=8)
+    ax.set_ylim(-0.5, len(y) - 0.5)
     ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3, axis="x")
+    return ordered
+
+
+def _ranked_runtime(ax, ordered: list[Result]) -> None:  # noqa: ANN001
+    """Beside the ranked dot plot, on the same rows: each result's median time per sample,
+    the bar from its fastest to its slowest timing."""
+    y = np.arange(len(ordered))[::-1]
+    for yi, result in zip(y, ordered, strict=True):
+        if result.runtime is None:
+            continue
+        median, fast, slow = result.runtime
+        style = FAMILY_STYLES.get(result.family, FAMILY_STYLES["other"])
+        ax.errorbar(
+            median, yi, xerr=[[median - fast], [slow - median]], fmt=style["marker"],
+            color=style["color"], markersize=6, elinewidth=1, capsize=2,
+        )  # fmt: skip
+    ax.set_yticks(y, [""] * len(y))
+    ax.set_ylim(-0.5, len(y) - 0.5)
+    times = [t for r in ordered if r.runtime for t in r.runtime]
+    if times and max(times) / min(times) > 10:
+        ax.set_xscale("log")
+    ax.set_xlabel("inference time per sample (ms; bar: fastest..slowest repeat)")
     ax.grid(alpha=0.3, axis="x")
 
 
