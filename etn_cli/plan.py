@@ -94,8 +94,7 @@ def load_unit_split(pipeline: Pipeline, unit: FeatureUnit) -> Any:
     """The dataset split a feature unit extracts: the whole split, for ``fit_rows`` a seeded
     subsample of it (:func:`etn_cli.datasets.base.subsample`), or for a ``part`` the rows kept
     for fitting or held out for conformal calibration."""
-    from etn_cli.datasets.base import select_rows, subsample
-    from etn_cli.metrics.conformal import held_out
+    from etn_cli.datasets.base import held_out, select_rows, subsample
 
     split = open_source(pipeline, unit.dataset).load_split(unit.split)
     if unit.part is not None:

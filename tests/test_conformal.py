@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 from cli_runner import etn
 
+from etn_cli.datasets.base import held_out
 from etn_cli.metrics.conformal import (
-    held_out,
     label_scores,
     prediction_sets,
     rank_scores,

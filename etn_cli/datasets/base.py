@@ -62,6 +62,15 @@ def select_rows(split: Split, positions: np.ndarray) -> Split:
     )  # fmt: skip
 
 
+def held_out(n: int, fraction: float, seed: int) -> np.ndarray:
+    """Which of ``n`` rows form the calibration part (N,): ``round(fraction n)`` of them (at
+    least one, never all), drawn without replacement by ``seed``."""
+    count = min(max(round(fraction * n), 1), n - 1)
+    mask = np.zeros(n, dtype=bool)
+    mask[np.random.default_rng(seed).permutation(n)[:count]] = True
+    return mask
+
+
 def check_inputs(split: Split) -> None:
     """Check what can be checked of every input of ``split`` without reading it in full,
     before anything is extracted: a dataset of image files opens every image's header

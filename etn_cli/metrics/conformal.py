@@ -86,12 +86,3 @@ def uniforms(rows: np.ndarray, seed: int, name: str) -> np.ndarray:
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     width = int(np.max(rows, initial=-1)) + 1
     return rng.random(width)[np.asarray(rows, dtype=np.int64)]
-
-
-def held_out(n: int, fraction: float, seed: int) -> np.ndarray:
-    """Which of ``n`` rows form the calibration part (N,): ``round(fraction n)`` of them (at
-    least one, never all), drawn without replacement by ``seed``."""
-    count = min(max(round(fraction * n), 1), n - 1)
-    mask = np.zeros(n, dtype=bool)
-    mask[np.random.default_rng(seed).permutation(n)[:count]] = True
-    return mask

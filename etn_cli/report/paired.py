@@ -20,7 +20,7 @@ Pairs of scores are those the table sets side by side: the summary's AUROC and F
 (``headline``) pair each method's headline OOD score (its own, else MP) with the reference's;
 everywhere else (``same``) a score meets the same score, and a method's own score the
 reference's own score.
-The metrics are recomputed from the predictions files (:mod:`etn_cli.stages.prediction_rows`)
+The metrics are recomputed from the predictions files (:mod:`etn_cli.store.artefacts.predictions`)
 with :mod:`etn_cli.metrics.weighted`; at full weights they are the metrics files' values.
 """
 
@@ -40,7 +40,7 @@ from etn_cli.metrics.scores import id_score
 from etn_cli.metrics.selective import SELECTIVE_METRICS, selective_values
 from etn_cli.metrics.weighted import weighted_calibration, weighted_mean, weighted_ranking
 from etn_cli.report.tables import METHOD, SEED_KEYS, STANDARD_SCORES
-from etn_cli.stages.prediction_rows import SCORE_PREFIX, read_rows
+from etn_cli.store.artefacts.predictions import SCORE_PREFIX, read_rows
 
 BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 0

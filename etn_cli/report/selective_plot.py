@@ -43,7 +43,7 @@ def curve_groups(summary: pl.DataFrame) -> list[tuple[list[tuple], float]]:
 
 def mean_curve(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     """Coverage (N,) and the mean over the files' seeds of the selective risk by MP (N,)."""
-    from etn_cli.stages.prediction_rows import read_rows
+    from etn_cli.store.artefacts.predictions import read_rows
 
     risks, coverage = [], None
     for path in paths:

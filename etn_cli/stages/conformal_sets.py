@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from etn_cli.datasets.base import held_out
 from etn_cli.metrics.conformal import (
-    held_out,
     label_scores,
     prediction_sets,
     threshold,

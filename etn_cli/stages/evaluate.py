@@ -37,10 +37,11 @@ from etn_cli.stages.conformal_sets import (
     ood_results,
     test_name,
 )
-from etn_cli.stages.prediction_rows import predictions_path, row_columns, rows_frame
+from etn_cli.stages.evaluate_rows import row_columns
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder
+from etn_cli.store.artefacts.predictions import predictions_path, rows_frame
 from etn_cli.store.artefacts.sealed import repair_line, seal_state, sidecar, write_sealed
 from etn_cli.store.atomic import remove_tmp, unit_lock
 from etn_cli.store.reading.consistency import check_varies
@@ -88,8 +89,8 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
 
 
 def metrics_damage(path: Path) -> str | None:
-    """None when the metrics file at ``path`` and its predictions file (:mod:`.prediction_rows`)
-    agree with their recorded sha256; else why not."""
+    """None when the metrics file at ``path`` and its predictions file
+    (:mod:`etn_cli.store.artefacts.predictions`) agree with their recorded sha256; else why not."""
     for part in (path, predictions_path(path)):
         if not part.exists() and not sidecar(part).exists():
             return "missing"

@@ -29,7 +29,7 @@ from etn_cli.report.render import render
 from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
-from etn_cli.stages.prediction_rows import predictions_path
+from etn_cli.store.artefacts.predictions import predictions_path
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 

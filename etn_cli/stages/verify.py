@@ -202,7 +202,7 @@ def _check_metrics(path: Path) -> None:
 
 
 def _check_predictions(path: Path) -> None:
-    from etn_cli.stages.prediction_rows import read_rows
+    from etn_cli.store.artefacts.predictions import read_rows
 
     frame = read_rows(path)  # checked against its sidecar before the Parquet reader runs
     wanted = ("eval_set", "task", "row", "prediction", "metrics_key")

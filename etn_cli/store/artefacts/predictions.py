@@ -18,7 +18,8 @@ row per (eval set, sample):
   etn versions, time of writing), so every row says how it was made.
 
 The file is sealed like the metrics file (a ``.sha256`` sidecar checked before parsing) and
-written first: a metrics file is only ever beside its predictions.
+written first: a metrics file is only ever beside its predictions. The columns of one eval set
+come from :func:`etn_cli.stages.evaluate_rows.row_columns`.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from etn_cli.errors import EtnError
-from etn_cli.metrics.evaluation import NLL_FLOOR
+from etn_cli.store.artefacts.sealed import read_sealed
 
 PREDICTIONS = "predictions"  # the folder beside <data>/metrics
 SCORE_PREFIX = "score_"
@@ -40,36 +40,6 @@ def predictions_path(metrics_path: Path) -> Path:
     """``<data>/predictions/<pipeline>/<file>`` for ``<data>/metrics/<pipeline>/<file>``."""
     metrics_path = Path(metrics_path)
     return metrics_path.parents[2] / PREDICTIONS / metrics_path.parent.name / metrics_path.name
-
-
-def row_columns(
-    prediction: Any, index: np.ndarray, labels: np.ndarray | None, extra: dict | None = None
-) -> dict[str, Any]:
-    """The columns of one eval set: ``labels`` (N,) for the ID test set, None for OOD rows."""
-    probs = np.asarray(prediction.probs, dtype=np.float64)  # (N, C)
-    predicted = np.asarray(prediction.predictions, dtype=np.int64)  # (N,)
-    rows = np.arange(len(predicted))
-    columns: dict[str, Any] = {
-        "row": np.asarray(index, dtype=np.int64),
-        "prediction": predicted,
-        "confidence": probs.max(axis=1),
-        "label": None,
-        "correct": None,
-        "nll": None,
-        "brier": None,
-    }
-    if labels is not None:
-        labels = np.asarray(labels, dtype=np.int64)
-        onehot = np.zeros_like(probs)
-        onehot[rows, labels] = 1.0
-        columns |= {
-            "label": labels,
-            "correct": predicted == labels,
-            "nll": -np.log(np.clip(probs[rows, labels], NLL_FLOOR, None)),
-            "brier": ((probs - onehot) ** 2).sum(axis=1),
-        }
-    scores = {f"{SCORE_PREFIX}{k}": np.asarray(v, np.float64) for k, v in prediction.scores.items()}
-    return columns | scores | (extra or {})
 
 
 ROW_TYPES = {
@@ -101,8 +71,6 @@ def rows_frame(parts: list[tuple[str, str, dict]], provenance: dict[str, Any]) -
 def read_rows(path: Path) -> pl.DataFrame:
     """A predictions file, after checking its bytes against its sidecar."""
     import io
-
-    from etn_cli.store.artefacts.sealed import read_sealed
 
     data = read_sealed(path, legacy_ok=False)
     try:
