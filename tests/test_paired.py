@@ -15,7 +15,8 @@ from cli_runner import etn
 from etn_cli.metrics.evaluation import classification_metrics
 from etn_cli.metrics.ranking import ranking_values
 from etn_cli.metrics.weighted import weighted_calibration, weighted_ranking
-from etn_cli.report.paired import Predictions, Resamples, compare, seed_pairs
+from etn_cli.report.bootstrap import Predictions, Resamples
+from etn_cli.report.paired import compare, seed_pairs
 from etn_cli.report.tables import summarize
 
 

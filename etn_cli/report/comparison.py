@@ -11,13 +11,8 @@ from pathlib import Path
 
 import polars as pl
 
-from etn_cli.report.paired import (
-    PAIRINGS,
-    Resamples,
-    compare,
-    find_reference,
-    load_predictions,
-)
+from etn_cli.report.bootstrap import Resamples, load_predictions
+from etn_cli.report.paired import PAIRINGS, compare, find_reference
 from etn_cli.report.render import render
 from etn_cli.report.tables import SEED_KEYS
 from etn_cli.report.views import footnote, view

@@ -20,9 +20,9 @@ from etn_cli.metrics.reliability import RELIABILITY_METRICS
 from etn_cli.overrides import selection, selection_key
 from etn_cli.plan import Plan
 from etn_cli.provenance import etn_version, now
+from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
 from etn_cli.report.frontier import frontier_plot
-from etn_cli.report.paired import BOOTSTRAP_SAMPLES
 from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render
