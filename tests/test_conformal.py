@@ -161,3 +161,35 @@ def test_an_unknown_conformal_method_or_key_is_one_line_and_exit_2(tmp_path):
         )  # fmt: skip
         assert done.returncode == 2 and expected in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def _shards(folder, rng: np.random.Generator, n: int) -> None:  # noqa: ANN001
+    import h5py
+
+    folder.mkdir(parents=True)
+    labels = rng.integers(0, 3, n)
+    hidden = np.eye(3, 8)[labels] * 4 + rng.normal(size=(n, 8))
+    with h5py.File(folder / "shard-00000.h5", "w") as f:
+        f.attrs["etn_format"] = 1
+        f["hidden"] = hidden.astype(np.float32)
+        f["logits"] = (hidden[:, :3] * 2).astype(np.float32)
+        f["labels"] = labels.astype(np.int64)
+        f["index"] = np.arange(n, dtype=np.int64)
+
+
+def test_own_features_calibrate_on_a_folder_or_the_test_split_never_the_fitted_rows(tmp_path):
+    from etn_cli.errors import EtnError
+    from etn_cli.pipeline import load_pipeline
+    from etn_cli.plan import make_plan
+
+    rng = np.random.default_rng(0)
+    for name in ("adapt", "test", "calib"):
+        _shards(tmp_path / name, rng, 40)
+    base = '[features]\nadapt = "adapt"\ntest = "test"\n[[heads]]\nname = "map"\n[conformal]\n'
+    for extra, calibration in (('split = "calib"', tmp_path / "calib"), ('split = "test"', None)):
+        (tmp_path / "own.toml").write_text(base + extra)
+        plan = make_plan(load_pipeline(tmp_path / "own.toml"), tmp_path / "data")
+        assert (plan.calibration.path if plan.calibration else None) == calibration
+    (tmp_path / "own.toml").write_text(base)  # the default: part of the adaptation folder
+    with pytest.raises(EtnError, match="no head was fitted on; with \\[features\\], write split"):
+        make_plan(load_pipeline(tmp_path / "own.toml"), tmp_path / "data")
