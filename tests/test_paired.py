@@ -218,3 +218,21 @@ def test_report_metric_aurc_shows_the_selective_risk_per_score(finished):
     assert code == 0, output
     assert "AURC" in output.splitlines()[0] and "MP" in output.splitlines()[1]
     assert (data / "reports" / "pair" / "selective.md").is_file()
+
+
+def test_a_damaged_predictions_file_is_found_by_verify_and_rebuilt_by_the_next_run(finished):
+    pipeline, data = finished
+    path = sorted((data / "predictions" / "pair").glob("map-*.parquet"))[0]
+    metrics = data / "metrics" / "pair" / path.name
+    before = pl.read_parquet(metrics).drop("created_at")
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    code, output = etn("verify", "-d", data)
+    assert code == 1 and f"DAMAGED {path}" in output
+    code, output = etn("run", pipeline, "-d", data, "-q")
+    assert code == 0 and f"{path.name} has sha256" in output and "Rebuilding" in output
+    assert etn("verify", "-d", data)[0] == 0
+    after = pl.read_parquet(metrics).drop("created_at", "inference_s_per_sample",
+                                          "inference_s_repeats")  # fmt: skip
+    assert after.equals(before.drop("inference_s_per_sample", "inference_s_repeats"))

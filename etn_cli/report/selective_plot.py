@@ -78,8 +78,8 @@ def risk_coverage_plot(df: pl.DataFrame, predictions: dict[str, Path], folder: P
         mine = files.filter(
             pl.all_horizontal(pl.col(c).eq_missing(v) for c, v in zip(METHOD, keys[0], strict=True))
         )
-        keys = mine["metrics_key"].to_list()
-        paths = [predictions[k] for k in keys if k in predictions and predictions[k].is_file()]
+        found = [predictions.get(k) for k in mine["metrics_key"].to_list()]
+        paths = [path for path in found if path is not None and path.is_file()]
         if not paths:
             continue
         coverage, risk = mean_curve(paths)
