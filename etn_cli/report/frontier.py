@@ -188,9 +188,8 @@ def runtimes_differ(results: list[Result]) -> bool:
 
 
 def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Indices of the points no other point beats on both ``x`` and ``y`` (higher is better
-    on both) and equals on neither... that is, not dominated: ``x_j >= x_i`` and ``y_j >= y_i``
-    with one strict."""
+    """Indices of the points no other point dominates (higher is better on both axes): no
+    ``j`` with ``x_j >= x_i`` and ``y_j >= y_i``, one of them strictly."""
     front = []
     for i in range(len(x)):
         dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
@@ -202,14 +201,10 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _scatter(ax, results: list[Result], column: str, xlabel: str, lower_better: bool) -> None:  # noqa: ANN001
     """One marker per result, its 95% interval over seeds as a vertical bar (and for runtime
     the fastest..slowest timing as a horizontal one), Pareto-front results labelled."""
-    if column == "acc":
-        x = np.array([r.acc for r in results])
-        xerr = None
-    else:
-        x = np.array([r.runtime[0] for r in results])  # type: ignore[index]
-        xerr = np.array(
-            [[r.runtime[0] - r.runtime[1], r.runtime[2] - r.runtime[0]] for r in results]
-        ).T  # type: ignore[index]  # noqa: E501
+    x = np.array([r.acc if column == "acc" else r.runtime[0] for r in results])  # type: ignore[index]
+    xerr = None
+    if column == "runtime":  # from the fastest to the slowest timing
+        xerr = np.array([[m - fast, slow - m] for m, fast, slow in (r.runtime for r in results)]).T
     y = np.array([r.quality for r in results])
     for i, result in enumerate(results):
         style = FAMILY_STYLES.get(result.family, FAMILY_STYLES["other"])
