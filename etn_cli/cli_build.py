@@ -22,6 +22,7 @@ from etn_cli.cli_options import (
     Overrides,
     PipelineArg,
     Quiet,
+    UsageError,
     Verbose,
     check_format,
     only_heads,
@@ -280,12 +281,19 @@ def predict(
     data_dir: DataDir = None,
     device: Device = None,
     overrides: Overrides = None,
+    sets: Annotated[
+        bool,
+        typer.Option(
+            "--sets", help="Also print each row's conformal prediction set (needs [conformal])."
+        ),
+    ] = False,
 ) -> None:
     """Run a trained head on new inputs; write one row per input with every score.
 
     Inputs are an image folder, a JSONL file of questions or a dataset split (digits:test);
     the output (Parquet or CSV) holds the prediction, its probabilities and every
-    uncertainty score, plus flags for --threshold."""
+    uncertainty score, plus flags for --threshold and, with a [conformal] section, each row's
+    prediction set."""
     from etn_cli.stages.predict import output_format, parse_thresholds
     from etn_cli.stages.predict import predict as run_predict
 
@@ -293,5 +301,16 @@ def predict(
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
     plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    if sets and plan.pipeline.conformal is None:
+        raise UsageError(
+            f"--sets prints conformal prediction sets, but {pipeline} has no [conformal] "
+            'section. Add one (e.g. [conformal] method = "raps") and run etn run again.'
+        )
     options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
-    typer.echo(run_predict(plan, inputs, device=dev, **options).summary())
+    result = run_predict(plan, inputs, device=dev, **options)
+    if sets:
+        for name, members in zip(
+            result.frame["input"], result.frame["prediction_set"], strict=True
+        ):
+            typer.echo(f"{name}\t{members}")
+    typer.echo(result.summary())

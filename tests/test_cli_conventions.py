@@ -96,7 +96,7 @@ def one_line_usage_error(done: subprocess.CompletedProcess) -> None:
         (["run", "--bogus"], "No such option"),  # click words it two ways across versions
         (["report", "--format", "xls", "{pipeline}"], "Unknown format 'xls'"),
         (["report", "--metric", "bogus", "{pipeline}"], "aupr, auroc, fpr95"),
-        (["run", "--metric", "aurco", "{pipeline}"], "Did you mean 'auroc'?"),
+        (["run", "--metric", "aurocc", "{pipeline}"], "Did you mean 'auroc'?"),
         (["run", "{pipeline}", "--set", "heads.etn.epochs=-1"], "'epochs' must be an integer >= 1"),
         (["run", "{pipeline}", "--set", "heads.etn.lr=-1"], "'lr' must be a finite number > 0"),
         (["run", "{pipeline}", "--set", "heads.etn.batch_size=0"], "'batch_size' must be"),
