@@ -85,16 +85,17 @@ def weighted_ranking(
     out_tp, out_fp = total_neg - fp + neg, total_pos - tp + pos
     out_precision = _ratio(out_tp, out_tp + out_fp, 0.0)
     out_before = _ratio(out_tp - neg, out_tp - neg + out_fp - pos, 1.0)
-    values = {
-        "aupr": np.maximum((pos * precision).sum(axis=1) / total_pos[:, 0], 0.0),
-        "auroc": (neg * (2 * tp - pos)).sum(axis=1) / (2 * total_pos[:, 0] * total_neg[:, 0]),
-        "aupr_in": (pos * (precision + before)).sum(axis=1) / (2 * total_pos[:, 0]),
-        "aupr_out": (neg * (out_precision + out_before)).sum(axis=1) / (2 * total_neg[:, 0]),
-        "fpr95_id": _first_crossing(tp / total_pos, fp / total_neg),
-        "fpr95": _fpr95_collinear_dropped(
-            out_tp[:, ::-1], out_fp[:, ::-1], neg[:, ::-1], pos[:, ::-1]
-        ),
-    }
+    with np.errstate(invalid="ignore", divide="ignore"):  # a replicate lacking a class
+        values = {
+            "aupr": np.maximum((pos * precision).sum(axis=1) / total_pos[:, 0], 0.0),
+            "auroc": (neg * (2 * tp - pos)).sum(axis=1) / (2 * total_pos[:, 0] * total_neg[:, 0]),
+            "aupr_in": (pos * (precision + before)).sum(axis=1) / (2 * total_pos[:, 0]),
+            "aupr_out": (neg * (out_precision + out_before)).sum(axis=1) / (2 * total_neg[:, 0]),
+            "fpr95_id": _first_crossing(tp / total_pos, fp / total_neg),
+            "fpr95": _fpr95_collinear_dropped(
+                out_tp[:, ::-1], out_fp[:, ::-1], neg[:, ::-1], pos[:, ::-1]
+            ),
+        }
     undefined = (total_pos[:, 0] == 0) | (total_neg[:, 0] == 0)
     return {name: np.where(undefined, np.nan, v) for name, v in values.items()}
 
