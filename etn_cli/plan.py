@@ -27,7 +27,7 @@ from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HEAD_FORMAT
 from etn_cli.own_features.units import drop_unusable
-from etn_cli.pipeline import HeadSpec, Pipeline
+from etn_cli.pipeline import HeadSpec, Pipeline, check_groups
 from etn_cli.plan_own import own_features
 from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
 from etn_cli.store.fingerprint import fingerprint_key
@@ -105,10 +105,21 @@ def load_unit_split(pipeline: Pipeline, unit: FeatureUnit) -> Any:
 
 
 def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = "") -> Any:
-    """``open_source`` for a split the dataset has; otherwise one line naming the close ones."""
+    """``open_source`` for a split the dataset has; otherwise one line naming the close ones
+    (or, for a dataset of your own files, the root folder that does not exist)."""
     import difflib
 
+    from etn_cli.datasets.base import PathSplits
+
     source = open_source(pipeline, dataset)
+    root = source.root_path() if isinstance(source, PathSplits) else None
+    if root is not None and not root.is_dir():
+        data = pipeline.data
+        raise EtnError(
+            f"The [data] root folder {root} ({pipeline.path}) does not exist; expected the "
+            f"folder holding the {dataset!r} splits ({data.adapt if data else split}, ...). "
+            "Create it or point root at your files." + pipeline.standins_hint()
+        )
     if not source.has_split(split):
         names = source.available()
         close = difflib.get_close_matches(split, names, n=1, cutoff=0.5)
@@ -141,6 +152,10 @@ def _check_names(pipeline: Pipeline) -> None:
         _named(pipeline, "[data] id", datasets.get, data.id)
         for dataset, _ in data.ood_sources():
             _named(pipeline, "[data] ood", datasets.get, dataset)
+        try:
+            check_groups(data.groups, data.ood, "[data.groups]")
+        except EtnError as err:
+            raise EtnError(f"{pipeline.path} {err}") from None
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:
             checked_source(pipeline, dataset, split)
         if pipeline.finetune is not None:
