@@ -129,6 +129,8 @@ def run(
         title = f"## {outcome.path}\n\n" if len(tables) > 1 and options.fmt != "json" else ""
         typer.echo(f"{title}{outcome.table.rstrip()}")
     for outcome in outcomes:
+        for stage in outcome.stages:  # a log keeps each stage's counts; a terminal with -v
+            (progress.detail if progress.on_terminal() else progress.say)(stage)
         if outcome.ok:
             progress.say(outcome.line())
         else:

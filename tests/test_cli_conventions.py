@@ -81,6 +81,17 @@ def finished(project: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
     return project / "conv.toml", data, done
 
 
+STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d ")
+
+
+def log_lines(stderr: str) -> list[str]:
+    """The lines of a log written off a terminal, each checked for its ISO 8601 time stamp and
+    returned without it; ``error:`` lines carry none (they start with ``error:``, as in git)."""
+    lines = stderr.splitlines()
+    assert all(STAMP.match(line) or line.startswith("error: ") for line in lines), stderr
+    return [STAMP.sub("", line) for line in lines]
+
+
 def one_line_usage_error(done: subprocess.CompletedProcess) -> None:
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr
@@ -271,18 +282,20 @@ def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> N
     _, _, done = finished
     err = done.stderr
     assert "\r" not in err and "\x1b[" not in err  # no bars, no colour in a log
+    lines = log_lines(err)  # each line stamped with the time, for a cron log
     # own features: nothing to extract, each split one line saying so
-    skipped = [line for line in err.splitlines() if ": skipped, " in line]
+    skipped = [line for line in lines if ": skipped, " in line]
     assert (
         len(skipped) == 4
         and skipped[0] == "[ 1/12] extract  toy (adapt): skipped, your own features"
     )
-    started = [line for line in err.splitlines() if line.endswith(": started")]
-    finished_lines = [line for line in err.splitlines() if ": done in " in line]
+    started = [line for line in lines if line.endswith(": started")]
+    finished_lines = [line for line in lines if ": done in " in line]
     # ETN x 2 seeds, MAP and Mahalanobis (seed-free: fitted once), trained and scored
     assert len(started) == len(finished_lines) == 8
     assert finished_lines[0].startswith("[ 5/12] train    ETN seed 0: done in ")
-    assert err.splitlines()[0].startswith("etn: data directory ")
+    assert lines[0].startswith("etn: data directory ")
+    assert lines[-1].startswith("ok ") and len(lines[-1]) <= 100, lines[-1]
 
 
 def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:  # noqa: ANN001
@@ -291,7 +304,7 @@ def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:  # 
     assert quiet.returncode == 0 and quiet.stderr == ""
     assert "ETN" in quiet.stdout and "seeds" in quiet.stdout
     # a rerun off a terminal (cron, | tee): one line per unit found done, none started
-    again = etn("run", pipeline, "-d", data).stderr.splitlines()
+    again = log_lines(etn("run", pipeline, "-d", data).stderr)
     skipped = [line for line in again if ": skipped, " in line]
     assert len(skipped) == 12 and not any(line.endswith(": started") for line in again)
     assert "[ 5/12] train    ETN seed 0: skipped, up to date" in skipped
@@ -386,7 +399,7 @@ def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:
     done = etn("run", pipeline, "-d", data, "--only", "map", "-f", "json")
     assert done.returncode == 0, done.stderr
     folder = data / "reports" / f"conv+{selection_key((), ('map',))}"
-    assert f"report: {folder}" in done.stderr
+    assert f"report: {folder.relative_to(data)}/" in done.stderr  # under the data directory
     assert full.read_bytes() == before  # the whole pipeline's report is left alone
     subset = json.loads((folder / "results.json").read_text())
     assert subset["selection"] == {"set": [], "only": ["map"]}

@@ -315,11 +315,11 @@ def dataset_split(plan: Plan, text: str) -> Inputs:
     name, _, split_name = text.partition(":")
     if name not in datasets:
         close = difflib.get_close_matches(name, datasets.names(), n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise EtnError(
-            f"Input {text!r} is no image folder, .jsonl file or dataset split: no file or folder "
-            f"of that name, and no dataset {name!r}.{hint} Check the path, or see `etn ls "
-            "datasets`."
+            f"Input {text!r} is no image folder, .jsonl file or dataset split (no file or "
+            f"folder of that name): Unknown dataset {name!r}.{hint} Check the path, or see "
+            "`etn ls datasets`."
         )
     source = open_source(plan.pipeline, name)
     split_name = split_name or "test"

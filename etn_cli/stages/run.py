@@ -53,6 +53,7 @@ class RunOutcome:
     message: str
     table: str = ""
     bug: bool = False
+    stages: tuple[str, ...] = ()  # each stage's summary ("train: 61 built, 0 up to date")
 
     def line(self) -> str:
         """The pipeline's closing line, kept within 100 columns for a usual path when ok."""
@@ -161,7 +162,8 @@ def run_pipeline(
                     discard(damage.path)
     folder = written[0].parent if written else None
     message = run_summary(results, folder, data_dir)
-    return RunOutcome(path, True, time.perf_counter() - started, message, table)
+    stages = tuple(r.summary() for r in results)
+    return RunOutcome(path, True, time.perf_counter() - started, message, table, stages=stages)
 
 
 def run_stages(plan: Plan, dev: str, extract_only: bool) -> list[StageResult]:
