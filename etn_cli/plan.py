@@ -158,10 +158,33 @@ def _check_names(pipeline: Pipeline) -> None:
             raise EtnError(f"{pipeline.path} {err}") from None
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:
             checked_source(pipeline, dataset, split)
+        _check_apart(pipeline)
         if pipeline.finetune is not None:
             checked_source(pipeline, data.id, pipeline.finetune.split, " [finetune]")
         if data.fit is not None:
             checked_source(pipeline, data.id, data.fit, " [data] fit")
+
+
+def _check_apart(pipeline: Pipeline) -> None:
+    """The adaptation and test splits read different data: one list (or folder, or file) in
+    both would score the heads on the very rows they adapted on."""
+    data = pipeline.data
+    assert data is not None
+    source = open_source(pipeline, data.id)
+    path = source.data_path(data.adapt)
+    if data.adapt != data.test and (path is None or path != source.data_path(data.test)):
+        return
+    both = path or f"{data.id}:{data.adapt}"
+    fix = (
+        'Split it in two (README, "Your own model", shows how for an image list) and name one '
+        "in adapt, the other in test."
+        if path is not None
+        else f"Name another split of {data.id!r} in test."
+    )
+    raise EtnError(
+        f"{pipeline.path} [data] adapt and test both read {both}; expected two disjoint splits, "
+        f"or the heads are scored on the rows they adapted on. {fix}"
+    )
 
 
 def _named(pipeline: Pipeline, where: str, get: Any, name: str) -> None:
