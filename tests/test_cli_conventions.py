@@ -507,3 +507,15 @@ def test_the_quick_start_prints_the_table_the_readme_shows(tmp_path: Path) -> No
     assert not stale, {name: rendered[name] for name in stale}
     again = etn("run", REPO / "pipelines" / "digits.toml", env=env)
     assert again.stdout == first.stdout and "0 built" in again.stderr
+    # the README's commands and snippets on the run's heads, as written (from the repository)
+    out = tmp_path / "preds.parquet"
+    predict = etn("predict", REPO / "pipelines/digits.toml", "digits:test", "--head", "etn",
+                  "--out", out, env=env)  # fmt: skip
+    assert predict.returncode == 0 and out.is_file(), predict.stderr
+    readme_python = [b for b in readme.split("```python\n")[1:] if "pipelines/digits.toml" in b]
+    assert len(readme_python) == 2  # load_head and EvidentialModel.from_pipeline
+    for block in readme_python:
+        code = block[: block.index("```")]
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                              text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+        assert done.returncode == 0, (code, done.stderr[-2000:])
