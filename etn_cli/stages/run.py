@@ -65,7 +65,7 @@ class RunOutcome:
 
 
 def run_summary(results: list[StageResult], report_folder: Path | None, data_dir: Path) -> str:
-    """``128 built, 0 up to date; report: reports/digits/`` (the folder under the data
+    """``127 built, 0 up to date; report: reports/digits/`` (the folder under the data
     directory printed at the top of the run); every stage's count is in ``etn status``."""
     built = sum(len(r.done) for r in results)
     kept = sum(len(r.skipped) for r in results)
