@@ -513,10 +513,10 @@ def test_the_quick_start_prints_the_table_the_readme_shows(tmp_path: Path) -> No
     predict = etn("predict", REPO / "pipelines/digits.toml", "digits:test", "--head", "etn",
                   "--out", out, env=env)  # fmt: skip
     assert predict.returncode == 0 and out.is_file(), predict.stderr
-    readme_python = [b for b in readme.split("```python\n")[1:] if "pipelines/digits.toml" in b]
+    python = [block[: block.index("```")] for block in readme.split("```python\n")[1:]]
+    readme_python = [code for code in python if "pipelines/digits.toml" in code]
     assert len(readme_python) == 2  # load_head and EvidentialModel.from_pipeline
-    for block in readme_python:
-        code = block[: block.index("```")]
+    for code in readme_python:
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                               text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
         assert done.returncode == 0, (code, done.stderr[-2000:])
