@@ -60,16 +60,19 @@ def plan_on(
     device: str | None,
     overrides: list[str] | None = None,
     only: str | None = None,
+    read_only: bool = False,
 ) -> tuple[Any, str]:
     """The plan and the checked device of a command that builds: a device this machine lacks
-    is refused before planning, which may already train a backbone."""
+    is refused before planning, which may already train a backbone. A ``read_only`` command
+    (``predict``) plans without building or creating anything."""
     from etn_cli.pipeline import load_pipeline
     from etn_cli.stages.run import ensure_data_dir, resolve_device
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     dev = resolve_device(device or loaded.device)
-    ensure_data_dir(resolve_data_dir(data_dir))
-    return load_plan(pipeline, data_dir, overrides, only, device=device), dev
+    if not read_only:
+        ensure_data_dir(resolve_data_dir(data_dir))
+    return load_plan(pipeline, data_dir, overrides, only, read_only, device), dev
 
 
 def run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
@@ -126,12 +129,14 @@ def run(
         title = f"## {outcome.path}\n\n" if len(tables) > 1 and options.fmt != "json" else ""
         typer.echo(f"{title}{outcome.table.rstrip()}")
     for outcome in outcomes:
+        for stage in outcome.stages:  # a log keeps each stage's counts; a terminal with -v
+            (progress.detail if progress.on_terminal() else progress.say)(stage)
         if outcome.ok:
             progress.say(outcome.line())
         else:
-            typer.echo(outcome.line(), err=True)
-    if not all(o.ok for o in outcomes):
-        raise typer.Exit(1)
+            typer.echo(" ".join(outcome.line().split("\n")), err=True)
+    if not all(o.ok for o in outcomes):  # 2: the user's to fix, as every `error:` line; 1: a bug
+        raise typer.Exit(1 if any(o.bug for o in outcomes) else 2)
 
 
 def finetune(
@@ -300,7 +305,7 @@ def predict(
     refuse_under_torchrun("predict")
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
-    plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, read_only=True)  # reads only
     if sets and plan.pipeline.conformal is None:
         raise UsageError(
             f"--sets prints conformal prediction sets, but {pipeline} has no [conformal] "

@@ -54,6 +54,7 @@ def report(
     compare: Annotated[
         str | None,
         typer.Option(
+            "--compare",
             metavar="METHOD",
             help="Add paired differences against METHOD (a report label or head name, e.g. "
             "ETN) with 95% bootstrap intervals over test rows and seeds; † marks the "
@@ -62,7 +63,9 @@ def report(
     ] = None,
     bootstrap: Annotated[
         int,
-        typer.Option(metavar="N", min=100, help="Bootstrap replicates for --compare."),
+        typer.Option(
+            "--bootstrap", metavar="N", min=100, help="Bootstrap replicates for --compare."
+        ),
     ] = 1000,
 ) -> None:
     """Print the results table of pipelines or metrics files and write tables and plots.

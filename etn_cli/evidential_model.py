@@ -239,7 +239,11 @@ class ImageClassifierFeatures(nn.Module):
             images = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
             x, _, _ = collate_images([(self.transform(im), 0, i) for i, im in enumerate(images)])
         parameter = next(self.model.parameters(), None)
-        return x.to(parameter.device) if parameter is not None else x
+        if parameter is None:
+            return x
+        if x.is_floating_point() and parameter.is_floating_point():  # the digits CNN: float64
+            return x.to(parameter.device, torch.promote_types(x.dtype, parameter.dtype))
+        return x.to(parameter.device)
 
     def forward(self, inputs: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         x = self.batch(inputs)

@@ -64,7 +64,8 @@ class DataSpec:
                 f'"auto"), found {self.batch_size}, {self.shard_rows} and {self.workers}. Fix them.'
             )
         check_fit_rows(self.fit, self.fit_rows, "[data]")
-        check_groups(self.groups, self.ood, "[data.groups]")
+        # [data.groups] is checked while planning, once the OOD entries are known datasets:
+        # --set data.ood=["x"] with a misspelt x must say so, not that the groups miss it
         object.__setattr__(self, "workers", loader_workers(self.workers))
         used = {self.id, *(name for name, _ in self.ood_sources())}
         for name, table in self.options.items():
@@ -130,10 +131,18 @@ def check_groups(groups: dict, ood: tuple[str, ...], where: str) -> None:
     """Each group a non-empty list of OOD entries, each entry in at most one group."""
     seen: set[str] = set()
     for name, members in groups.items():
-        if not isinstance(members, list) or not members or not set(members) <= set(ood):
+        if not isinstance(members, list) or not members:
             raise EtnError(
                 f"{where} {name} must list OOD entries of the pipeline ({', '.join(ood)}), "
                 f"found {members!r}. Write e.g. near = [{', '.join(map(repr, ood[:2]))}]."
+            )
+        if not set(members) <= set(ood):
+            missing = [m for m in members if m not in ood]
+            table = where.strip("[]")
+            raise EtnError(
+                f"{where} {name} lists {missing}, which the OOD entries do not ({', '.join(ood)}); "
+                f"expected each group to list OOD entries. Change the group, or drop the groups "
+                f"(on the command line: --set '{table}={{}}')."
             )
         if seen & set(members):
             raise EtnError(f"{where}: {sorted(seen & set(members))} are in two groups; keep one.")
@@ -200,6 +209,15 @@ class Pipeline:
         """A path from the pipeline file, relative to the file's folder unless absolute."""
         p = Path(path).expanduser()
         return p if p.is_absolute() else self.path.parent / p
+
+    def standins_hint(self) -> str:
+        """For a pipeline next to a ``standins.py`` (the README's examples), how to write the
+        stand-ins of the files it reads; otherwise nothing."""
+        script = self.path.parent / "standins.py"
+        if not script.is_file():
+            return ""
+        shown = script.relative_to(Path.cwd()) if script.is_relative_to(Path.cwd()) else script
+        return f" For the example as shipped, `python {shown}` writes stand-ins of these files."
 
 
 TOP_LEVEL = (

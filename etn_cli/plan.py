@@ -27,7 +27,7 @@ from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HEAD_FORMAT
 from etn_cli.own_features.units import drop_unusable
-from etn_cli.pipeline import HeadSpec, Pipeline
+from etn_cli.pipeline import HeadSpec, Pipeline, check_groups
 from etn_cli.plan_own import own_features
 from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
 from etn_cli.store.fingerprint import fingerprint_key
@@ -105,10 +105,21 @@ def load_unit_split(pipeline: Pipeline, unit: FeatureUnit) -> Any:
 
 
 def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = "") -> Any:
-    """``open_source`` for a split the dataset has; otherwise one line naming the close ones."""
+    """``open_source`` for a split the dataset has; otherwise one line naming the close ones
+    (or, for a dataset of your own files, the root folder that does not exist)."""
     import difflib
 
+    from etn_cli.datasets.base import PathSplits
+
     source = open_source(pipeline, dataset)
+    root = source.root_path() if isinstance(source, PathSplits) else None
+    if root is not None and not root.is_dir():
+        data = pipeline.data
+        raise EtnError(
+            f"The [data] root folder {root} ({pipeline.path}) does not exist; expected the "
+            f"folder holding the {dataset!r} splits ({data.adapt if data else split}, ...). "
+            "Create it or point root at your files." + pipeline.standins_hint()
+        )
     if not source.has_split(split):
         names = source.available()
         close = difflib.get_close_matches(split, names, n=1, cutoff=0.5)
@@ -141,12 +152,39 @@ def _check_names(pipeline: Pipeline) -> None:
         _named(pipeline, "[data] id", datasets.get, data.id)
         for dataset, _ in data.ood_sources():
             _named(pipeline, "[data] ood", datasets.get, dataset)
+        try:
+            check_groups(data.groups, data.ood, "[data.groups]")
+        except EtnError as err:
+            raise EtnError(f"{pipeline.path} {err}") from None
         for dataset, split in [(data.id, data.adapt), (data.id, data.test), *data.ood_sources()]:
             checked_source(pipeline, dataset, split)
+        _check_apart(pipeline)
         if pipeline.finetune is not None:
             checked_source(pipeline, data.id, pipeline.finetune.split, " [finetune]")
         if data.fit is not None:
             checked_source(pipeline, data.id, data.fit, " [data] fit")
+
+
+def _check_apart(pipeline: Pipeline) -> None:
+    """The adaptation and test splits read different data: one list (or folder, or file) in
+    both would score the heads on the very rows they adapted on."""
+    data = pipeline.data
+    assert data is not None
+    source = open_source(pipeline, data.id)
+    path = source.data_path(data.adapt)
+    if data.adapt != data.test and (path is None or path != source.data_path(data.test)):
+        return
+    both = path or f"{data.id}:{data.adapt}"
+    fix = (
+        'Split it in two (README, "Your own model", shows how for an image list) and name one '
+        "in adapt, the other in test."
+        if path is not None
+        else f"Name another split of {data.id!r} in test."
+    )
+    raise EtnError(
+        f"{pipeline.path} [data] adapt and test both read {both}; expected two disjoint splits, "
+        f"or the heads are scored on the rows they adapted on. {fix}"
+    )
 
 
 def _named(pipeline: Pipeline, where: str, get: Any, name: str) -> None:

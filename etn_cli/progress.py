@@ -1,11 +1,13 @@
 """What a run tells the person (or the log) watching it, on stderr.
 
-On a terminal: a ``[k/N]`` counter over the units of a run and tqdm bars for long loops
-(extraction batches, training epochs); units found up to date are counted, not listed. Off a
-terminal (cron, CI, ``| tee``): no bars, one plain line when a unit starts and one when it
-ends, with its time, and one line per unit skipped as up to date, so a log shows what ran,
+On a terminal: a ``[k/N]`` counter over the units of a run, one line per finished unit (a
+``started`` line only for a unit still running after :data:`SLOW_S` seconds, so a long step
+says what it is doing) and tqdm bars for long loops (extraction batches, training epochs);
+units found up to date are counted, not listed. Off a terminal (cron, CI, ``| tee``): no bars,
+every line stamped with the local time in ISO 8601, one line when a unit starts and one when it
+ends, with its time, and one line per unit skipped as up to date, so a log shows when what ran,
 what was already done and what failed. ``-q`` keeps only errors (and the final table on
-stdout); ``-v`` adds the reason each unit is built and lists skipped units on a terminal too.
+stdout); ``-v`` adds the reason each unit is built and lists every unit on a terminal too.
 
 Stages call :func:`unit` around each unit they build and :func:`skipped` for each one they
 keep; :func:`begin` sets the total of a run (``etn run`` counts every stage's units).
@@ -15,16 +17,19 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from etn_cli.errors import REPAIR_PREFIX
 
 T = TypeVar("T")
 QUIET, NORMAL, VERBOSE = -1, 0, 1
+SLOW_S = 2.0  # on a terminal, a unit still running after this long gets its "started" line
 
 
 @dataclass
@@ -45,9 +50,16 @@ def configure(*, quiet: bool = False, verbose: bool = False) -> None:
     logger.setLevel(logging.ERROR if quiet else logging.INFO)
     if not logger.handlers:
         handler = _Stderr()
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(_Stamped("%(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
+
+
+class _Stamped(logging.Formatter):
+    """The store's notes as progress lines: time-stamped off a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return stamped(super().format(record))
 
 
 class _Stderr(logging.StreamHandler):
@@ -70,6 +82,18 @@ def on_terminal() -> bool:
     return sys.stderr.isatty()
 
 
+def stamped(line: str) -> str:
+    """``line`` as written to stderr: off a terminal (a cron log) after the local time in ISO
+    8601 (``2026-11-27T04:41:12+01:00 ...``), on a terminal as it is."""
+    if on_terminal():
+        return line
+    return f"{datetime.now().astimezone().isoformat(timespec='seconds')} {line}"
+
+
+def _write(line: str) -> None:
+    print(stamped(line), file=sys.stderr, flush=True)
+
+
 @contextmanager
 def counting(total: int) -> Iterator[None]:
     """Number the next ``total`` units ``[1/total]`` … (nested calls keep the outer count)."""
@@ -87,13 +111,13 @@ def say(message: str) -> None:
     """A line for a person at normal verbosity (stderr: stdout stays the results). A repair
     line (``repair: ...``) is a warning: damage found and rebuilt is said even with ``-q``."""
     if _state.verbosity >= NORMAL or message.startswith(REPAIR_PREFIX):
-        print(message, file=sys.stderr, flush=True)
+        _write(message)
 
 
 def detail(message: str) -> None:
     """A line shown only with ``-v``."""
     if _state.verbosity >= VERBOSE:
-        print(message, file=sys.stderr, flush=True)
+        _write(message)
 
 
 def _counter() -> str:
@@ -109,23 +133,35 @@ def skipped(stage: str, name: str, reason: str = "up to date") -> None:
     terminal only with ``-v`` (the counter stays compact); none with ``-q``."""
     line = f"{_counter()}{stage:<8} {name}: skipped, {reason}"
     if _state.verbosity >= VERBOSE or (_state.verbosity >= NORMAL and not on_terminal()):
-        print(line, file=sys.stderr, flush=True)
+        _write(line)
 
 
 @contextmanager
 def unit(stage: str, name: str, reason: str = "") -> Iterator[None]:
-    """Bracket the building of one unit with a start and an end line (``FAILED`` on error)."""
+    """Bracket the building of one unit with a start and an end line (``FAILED`` on error).
+    On a terminal at normal verbosity the start line waits :data:`SLOW_S` seconds and is
+    never printed for a unit that ends sooner: one line per unit, the table stays in view."""
     prefix = f"{_counter()}{stage:<8} {name}"
     why = f" ({reason})" if reason and _state.verbosity >= VERBOSE else ""
-    say(f"{prefix}: started{why}")
+    start_line = f"{prefix}: started{why}"
+    later = None
+    if _state.verbosity == NORMAL and on_terminal():
+        later = threading.Timer(SLOW_S, say, (start_line,))
+        later.daemon = True
+        later.start()
+    else:
+        say(start_line)
     started = time.perf_counter()
     try:
         yield
     except BaseException:
         # The reason follows once, as the command's ``error:`` line or the run's summary.
         seconds = time.perf_counter() - started
-        print(f"{prefix}: FAILED after {seconds:.1f} s", file=sys.stderr, flush=True)
+        _write(f"{prefix}: FAILED after {seconds:.1f} s")
         raise
+    finally:
+        if later is not None:
+            later.cancel()
     say(f"{prefix}: done in {time.perf_counter() - started:.1f} s")
 
 

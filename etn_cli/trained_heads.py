@@ -51,10 +51,14 @@ def read_head(folder: str | Path) -> Head:
 
 
 def plan_of(pipeline: str | Path, data_dir: str | Path | None) -> Plan:
+    """The plan of a pipeline whose trained heads are read: nothing is built (a digits CNN not
+    trained yet leaves its heads untrained, which :func:`pipeline_head` then says)."""
+    from etn_cli.backbones.base import read_only
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
-    return make_plan(load_pipeline(Path(pipeline)), data_directory(data_dir))
+    with read_only():
+        return make_plan(load_pipeline(Path(pipeline)), data_directory(data_dir))
 
 
 def pipeline_head(plan: Plan, head: str, seed: int) -> HeadUnit:
@@ -72,6 +76,8 @@ def pipeline_head(plan: Plan, head: str, seed: int) -> HeadUnit:
         names = ", ".join(sorted({u.head.name for u in plan.heads}))
         raise EtnError(f"Pipeline {where} has no head {head!r}.{hint} Its heads: {names}.")
     units = [u for u in named if u.seed == seed or u.head.seed_free]  # seed-free: one unit
+    exact = [u for u in units if u.label.casefold() == head.casefold()]
+    units = exact if len(exact) == 1 else units  # "etn" is the ETN, not also ETN + TS
     if not units:
         seeds = sorted({u.seed for u in named})
         raise EtnError(f"Head {head!r} of {where} has seeds {seeds}, not {seed}. Pick one.")

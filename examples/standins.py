@@ -12,7 +12,9 @@ What it writes (each a random model or random data, nothing downloaded):
   ``fox``; ``classes.txt`` gives the model's output order, which is not the sorted one) and
   an unlabelled ``ood/`` folder, all PNG files of torchvision's ``FakeData``;
 * ``my_llm/``: a 2-layer Llama with random weights and a word-level tokenizer (the test
-  suite's stand-in, ``tests/llm_fixtures.py``), and ``my_questions/``: ``adapt.jsonl`` and
+  suite's stand-in, ``tests/llm_fixtures.py``) that has the answer letters A to J as single
+  tokens, so questions of your own with up to 10 choices run (set ``letters`` to as many), and
+  ``my_questions/``: ``adapt.jsonl`` and
   ``test.jsonl`` (sums of two digits, three or four choices each) and ``other.jsonl``
   (another task, no answers);
 * ``my_features/``: ``adapt.npz``, ``test.npz``, ``ood.npz`` from a random linear "model"

@@ -34,9 +34,9 @@ def checksums(manifest: dict) -> list[tuple[str, int, str]]:
 
 
 PROGRESS = re.compile(
-    r"^(\[\s*\d+/\d+\] )?(finetune|extract|train|evaluate)\s+.+: "
+    r"^(\d{4}-\d\d-\d\dT\S+ )?(\[\s*\d+/\d+\] )?(finetune|extract|train|evaluate)\s+.+: "
     r"(started( \(.*\))?|done in [\d.]+ s|FAILED after [\d.]+ s|skipped, .*)$"
-    r"|^etn: data directory "
+    r"|^(\d{4}-\d\d-\d\dT\S+ )?etn: data directory "
 )
 
 

@@ -17,16 +17,21 @@ from etn_cli.prompts import TEMPLATES, PromptTemplate
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 LETTERS = ("A", "B", "C", "D")
+# answer letters the tokenizer has as single tokens: up to ten choices (CommonsenseQA has 5)
+SPARE_LETTERS = tuple("ABCDEFGHIJ")
 HIDDEN = 32
 
 
-def corpus() -> list[str]:
+def corpus(letters: tuple[str, ...] = SPARE_LETTERS) -> list[str]:
     """Every prompt of tiny_mcqa / tiny_mcqa_ood under each named template, the probe prompt
-    and each answer letter in both spellings, so the word-level vocabulary covers them."""
+    and each of ``letters`` (and A-D) in both spellings, so the word-level vocabulary covers
+    them: the stand-in takes questions of up to ``len(letters)`` choices."""
     texts = [" ".join(LETTERS), " " + " ".join(LETTERS), "A.B.C.D."]
+    texts += [" ".join(letters), " " + " ".join(letters), ".".join(letters)]
     for name, text in TEMPLATES.items():
         template = PromptTemplate(name, text)
         texts.append(probe_prompt(template, LETTERS))
+        texts.append(probe_prompt(template, letters))
         for dataset, splits in (("tiny_mcqa", ("train", "test")), ("tiny_mcqa_ood", ("test",))):
             for split in splits:
                 for q in datasets.get(dataset)().load_split(split).data.questions:
@@ -43,13 +48,15 @@ def pre_tokenizer(style: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([split, pre_tokenizers.Metaspace(prepend_scheme="never")])
 
 
-def build_tokenizer(folder: Path, style: str = "bytelevel") -> int:
+def build_tokenizer(
+    folder: Path, style: str = "bytelevel", letters: tuple[str, ...] = SPARE_LETTERS
+) -> int:
     """A word-level tokenizer over :func:`corpus`, saved as a PreTrainedTokenizerFast; returns
     the vocabulary size."""
     from transformers import PreTrainedTokenizerFast
 
     pre = pre_tokenizer(style)
-    pieces = {piece for text in corpus() for piece, _ in pre.pre_tokenize_str(text)}
+    pieces = {piece for text in corpus(letters) for piece, _ in pre.pre_tokenize_str(text)}
     vocab = {token: i for i, token in enumerate(SPECIALS + sorted(pieces - set(SPECIALS)))}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre
@@ -71,11 +78,14 @@ def build_tokenizer(folder: Path, style: str = "bytelevel") -> int:
     return len(vocab)
 
 
-def make_llama(folder: Path, *, seed: int = 0, hidden: int = HIDDEN) -> Path:
-    """A 2-layer Llama with random weights and untied lm_head, plus its tokenizer."""
+def make_llama(
+    folder: Path, *, seed: int = 0, hidden: int = HIDDEN, letters: tuple[str, ...] = SPARE_LETTERS
+) -> Path:
+    """A 2-layer Llama with random weights and untied lm_head, plus its tokenizer, which has
+    each of ``letters`` as one token (answer letters for up to that many choices)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    vocab = build_tokenizer(folder, "bytelevel")
+    vocab = build_tokenizer(folder, "bytelevel", letters)
     config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,

@@ -270,11 +270,11 @@ def test_digits_cnn_stores_pooled_layers_equal_to_the_module_outputs(backbone, i
     assert extras["features.0"].shape == (8, SMALL.channels)
     assert extras["features.6"].shape == (8, SMALL.hidden)
     assert all(a.dtype == torch.float32 for a in extras.values())
-    with torch.no_grad():
-        conv = backbone.model.features[0](images)  # (8, channels, 8, 8)
-        linear = backbone.model.features[:7](images)  # (8, hidden)
-    torch.testing.assert_close(extras["features.0"], conv.mean(dim=(2, 3)))
-    torch.testing.assert_close(extras["features.6"], linear)
+    with torch.no_grad():  # the CNN computes in float64 (its float32 weights, exactly)
+        conv = backbone.model.features[0](images.double())  # (8, channels, 8, 8)
+        linear = backbone.model.features[:7](images.double())  # (8, hidden)
+    torch.testing.assert_close(extras["features.0"], conv.mean(dim=(2, 3)).float())
+    torch.testing.assert_close(extras["features.6"], linear.float())
     plain_hidden, plain_logits = backbone.forward(images)
     torch.testing.assert_close(hidden, plain_hidden)
     torch.testing.assert_close(logits, plain_logits)
@@ -284,14 +284,16 @@ def test_digits_cnn_odin_logits_match_an_independent_autograd_perturbation(backb
     _, _, extras = backbone.extract_batch(images)
     model, t, eps = backbone.model, SMALL.odin_temperature, SMALL.odin_epsilon
     for i in (0, 5):
-        x = images[i : i + 1].clone().requires_grad_(True)
+        x = images[i : i + 1].double().requires_grad_(True)
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits / t, logits.argmax(1))  # -log S_yhat
         loss.backward()
         perturbed = x.detach() - eps * torch.sign(x.grad)
         with torch.no_grad():
             expected = model(perturbed) / t
-        torch.testing.assert_close(extras["odin"][i : i + 1], expected, rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(
+            extras["odin"][i : i + 1], expected.float(), rtol=1e-5, atol=1e-8
+        )
         assert not torch.allclose(expected, model(x.detach()) / t)
 
 

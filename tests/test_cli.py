@@ -144,9 +144,11 @@ def test_a_pipeline_failing_at_run_time_does_not_stop_the_others(tmp_path: Path)
             'test = "mine/test"\nood = ["mine/far"]\n[[heads]]\nname = "map"\n'
         )
     code, output = etn("run", tmp_path, "--data-dir", tmp_path / "data", "-f", "md")
-    assert code == 1
-    assert "FAILED" in output and "1 NaN value (row 3)" in output
-    assert f"ok     {tmp_path / 'b-good.toml'}" in output
+    assert code == 2  # the user's data to fix: exit status 2, as every other `error:` line
+    error = next(line for line in output.splitlines() if line.startswith("error: "))
+    assert error.startswith(f"error: {tmp_path / 'a-bad.toml'}: ")
+    assert "1 NaN value (row 3)" in error
+    assert f"ok {tmp_path / 'b-good.toml'}" in output
 
 
 def test_ls_prints_registered_names_one_per_line() -> None:
@@ -237,7 +239,7 @@ def test_a_terminal_gets_tqdm_bars_and_a_log_gets_none(
     # extraction steps through batches: a bar per split on a terminal, drawn with "\r"
     bar = re.compile(r"extract digits\.test-[0-9a-f]+:\s+\d+%\|.*\| \d+/\d+ \[")
     assert bar.search(outputs[True]) and "\r" in outputs[True], outputs[True]
-    assert "extract  digits.test: started" in outputs[True]  # the unit's lines stay
+    assert "extract  digits.test: done in " in outputs[True]  # the unit's line stays
     assert not bar.search(outputs[False]) and "\r" not in outputs[False]
     assert "extract  digits.test: done in " in outputs[False]
 
@@ -268,6 +270,32 @@ def test_skipped_units_are_listed_in_a_log_and_only_counted_on_a_terminal(
         assert all((line in err) == shown for line in expected), (terminal, quiet, err)
         assert ("[3/3] evaluate ETN seed 0: done in " in err) == (not quiet)
     progress.configure()
+
+
+def test_a_terminal_shows_one_line_per_unit_and_a_started_line_only_for_slow_ones(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import time
+
+    from etn_cli import progress
+
+    monkeypatch.setattr(progress, "SLOW_S", 0.2)
+    for terminal in (True, False):
+        monkeypatch.setattr(progress, "on_terminal", lambda terminal=terminal: terminal)
+        progress.configure()
+        with progress.counting(2):
+            with progress.unit("train", "ETN seed 0"):
+                pass
+            with progress.unit("train", "ETN seed 1"):
+                time.sleep(0.6)
+        lines = capsys.readouterr().err.splitlines()
+        stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d "
+        if terminal:  # as written to the screen: no time stamps, the quick unit in one line
+            assert [line.split(": ")[1][:7] for line in lines] == ["done in", "started", "done in"]
+            assert lines[0].startswith("[1/2] train    ETN seed 0: done in ")
+        else:  # a log: every unit started and done, each line stamped with the local time
+            assert len(lines) == 4 and all(re.match(stamp, line) for line in lines), lines
+            assert lines[0].endswith("[1/2] train    ETN seed 0: started")
 
 
 def test_the_run_counts_the_units_status_lists_and_logs_the_backbone(finished) -> None:  # noqa: ANN001

@@ -133,6 +133,38 @@ def test_two_independent_trainings_give_identical_weights(tmp_path: Path) -> Non
     assert not torch.are_deterministic_algorithms_enabled()  # the global switch is restored
 
 
+def test_weights_and_features_do_not_depend_on_the_float_kernels_reduction_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another processor sums in another order: here two threads instead of one. Trained and
+    run in float64, the CNN's float32 weights and features come out bitwise the same (in
+    float32, one thread against two gave weights 1.5e-6 apart)."""
+    import contextlib
+
+    train, test = load("digits", "train"), load("digits", "test")
+    single_threaded, before = digits_cnn.deterministic, torch.get_num_threads()
+
+    @contextlib.contextmanager
+    def on_threads(seed: int, threads: int):  # noqa: ANN202
+        with single_threaded(seed):
+            torch.set_num_threads(threads)
+            yield
+
+    weights, features = [], []
+    try:
+        for threads in (1, 2):
+            monkeypatch.setattr(digits_cnn, "deterministic", lambda s, n=threads: on_threads(s, n))
+            weights.append(digits_cnn.train_model(SMALL, train).state_dict())
+            torch.set_num_threads(threads)
+            backbone = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path / str(threads))
+            features.append(backbone.forward(test.data.tensors[0])[0])  # (N, D)
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert all(w.dtype == torch.float32 for w in weights[0].values())
+    assert torch.equal(features[0], features[1])
+
+
 def test_fingerprint_changes_when_a_config_value_changes(tmp_path: Path) -> None:
     base = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path)
     other = digits_cnn.DigitsCNNBackbone(dataclasses.replace(SMALL, lr=2e-3), tmp_path)

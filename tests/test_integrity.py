@@ -19,7 +19,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from damage_cases import KINDS, Case, apply, finished_run, run_case, sample, target
+from damage_cases import KINDS, Case, apply, finished_run, run_case, sample, target, unstamped
 
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import read_sealed, seal_record, sidecar, write_sealed
@@ -348,7 +348,7 @@ def test_a_repair_is_announced_in_one_line_naming_the_damage(clean, tmp_path, ca
     shutil.copytree(data, tmp_path / "work")
     apply(case, tmp_path / "work")
     code, _, stderr = run_in_process(pipeline, tmp_path / "work")
-    repairs = [line for line in stderr.splitlines() if line.startswith("repair: ")]
+    repairs = [line for line in unstamped(stderr) if line.startswith("repair: ")]
     assert code == 0 and len(repairs) == 1, stderr
     assert "found none" in repairs[0] and "Delete" not in repairs[0], repairs
 
@@ -422,7 +422,7 @@ def test_a_repair_is_said_even_with_quiet_and_no_failed_line_comes_first(clean, 
     apply(Case("shard", "flip", value_offset(target(work, "shard")), 2), work)
     done = installed_etn("run", pipeline, "--data-dir", work, "-q", "-f", "csv")
     assert done.returncode == 0, done.stderr
-    lines = done.stderr.splitlines()
+    lines = unstamped(done.stderr)
     assert len(lines) == 1 and lines[0].startswith("repair: Hidden states in shard"), lines
     assert "do not match the checksum" in lines[0] and "Rebuilding digits.test-" in lines[0]
     assert results(work) == results(data)
@@ -431,7 +431,7 @@ def test_a_repair_is_said_even_with_quiet_and_no_failed_line_comes_first(clean, 
         metrics.unlink()
     done = installed_etn("run", pipeline, "--data-dir", work, "-f", "csv")
     assert done.returncode == 0 and "FAILED" not in done.stderr, done.stderr
-    assert [line for line in done.stderr.splitlines() if line.startswith("repair: ")]
+    assert [line for line in unstamped(done.stderr) if line.startswith("repair: ")]
 
 
 def test_evaluate_on_a_damaged_shard_refuses_before_taking_any_lock(clean, tmp_path) -> None:  # noqa: ANN001
@@ -443,7 +443,7 @@ def test_evaluate_on_a_damaged_shard_refuses_before_taking_any_lock(clean, tmp_p
     shard = target(work, "shard")
     apply(Case("shard", "flip", value_offset(shard), 5), work)
     done = installed_etn("evaluate", pipeline, "--data-dir", work)
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("evaluate ")]
+    errors = [line for line in unstamped(done.stderr) if not line.startswith("evaluate ")]
     assert done.returncode != 0 and len(errors) == 1, done.stderr
     assert errors[0].startswith("error: Hidden states in shard") and "FAILED" not in done.stderr
     assert "run etn extract again" in errors[0]

@@ -162,7 +162,8 @@ def test_a_causal_lm_computes_in_float32_on_a_cpu_unless_told_otherwise(llama, t
     assert found["auto"][0] == "float32" and found["bfloat16"][0] == "bfloat16"
     torch.testing.assert_close(found["auto"][2], found["float32"][2])  # auto is float32 here
     drift = (found["bfloat16"][2] - found["float32"][2]).abs().max()
-    assert 0 < drift < 0.1  # bfloat16 runs on the CPU, and moves the logits a little
+    scale = found["float32"][2].abs().max()  # the stand-in's logits are a few units
+    assert 0 < drift < 0.05 * scale  # bfloat16 runs on the CPU, and moves the logits a little
 
 
 def test_from_causal_lm_leaves_the_tokenizer_as_it_was(llama: Path) -> None:

@@ -260,7 +260,7 @@ CASES: dict[str, Case] = {
     "more choices than letters": Case(
         "extract",
         questions([question(i, choices=5 if i == 3 else 4) for i in range(6)]),
-        ("adapt.jsonl) has questions with 5 choices", "4 answer letters", "Add letters"),
+        ("adapt.jsonl) has questions with 5 choices", "4 answer letters", "Set letters = ["),
     ),
     "an answer missing from some questions": Case(
         "extract",

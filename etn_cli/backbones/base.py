@@ -43,6 +43,12 @@ class Backbone:
         raise NotImplementedError
 
     @property
+    def planned_num_classes(self) -> int | None:
+        """The class count when known without building the model (a dry run checks the ID
+        classes against it), else None: the check then waits for extract to load the model."""
+        return None
+
+    @property
     def hidden_size(self) -> int:
         raise NotImplementedError
 

@@ -4,8 +4,13 @@ Trained with cross-entropy on the ``digits`` train split the first time it is ne
 as safetensors in ``cache_dir/digits_cnn-<key>/``; the key hashes the config, the train split's
 fingerprint and :data:`CODE_VERSION`. ``meta.json`` records the weights' sha256 (and is sealed by
 its own), checked at every load; a damaged cache is retrained. Training is seeded, single-threaded
-and deterministic, so reruns on one machine give bitwise-identical weights. The hidden state is
-the input of the final linear layer, hence ``logits == hidden @ W.T + b`` exactly.
+and deterministic, and runs in float64; the weights are then rounded to float32. Processors
+differ in the last bits of their float kernels, which a float32 training run compounds over its
+240 steps (one thread against two, as a stand-in for another processor: weights 1.5e-6 apart,
+and README tables that moved by tenths of a point between machines); in float64 such
+differences stay far below float32's resolution (one and two threads: bitwise-identical rounded
+weights), and the features are computed in float64 from those weights and rounded the same way.
+The hidden state is the input of the final linear layer, hence ``logits == hidden @ W.T + b``.
 
 Two extract-time options add per-sample arrays to the shards (``Backbone.extract_batch``):
 ``layers`` stores the outputs of named modules, pooled, for the Dirichlet meta-model, and
@@ -46,7 +51,7 @@ from etn_cli.store.artefacts.sealed import check_record_seal, discard, repair_li
 from etn_cli.store.atomic import honour_umask, unit_lock
 from etn_cli.store.fingerprint import file_sha256
 
-CODE_VERSION = "1"  # bump whenever the architecture or training recipe changes
+CODE_VERSION = "2"  # bump whenever the architecture or training recipe changes (2: float64)
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "meta.json"  # how the weights were trained, and their sha256 (checked at each load)
 
@@ -157,13 +162,15 @@ def deterministic(seed: int) -> Iterator[None]:
 @torch.inference_mode()
 def accuracy(model: nn.Module, split: Split) -> float:
     inputs, labels = split.data.tensors  # (N, 1, 8, 8), (N,)
-    return (model.eval()(inputs).argmax(dim=1) == labels).float().mean().item()
+    logits = model.eval()(inputs.to(next(model.parameters()).dtype))  # (N, C)
+    return (logits.argmax(dim=1) == labels).float().mean().item()
 
 
 def train_model(config: Config, train: Split) -> DigitsCNN:
-    """Cross-entropy training with Adam from a seeded initialisation and a seeded data order."""
+    """Cross-entropy training with Adam from a seeded initialisation and a seeded data order,
+    in float64; the weights are returned rounded to float32 (see the module docstring)."""
     with deterministic(config.seed):
-        model = DigitsCNN(config, len(ID_CLASSES))
+        model = DigitsCNN(config, len(ID_CLASSES)).double()
         order = torch.Generator().manual_seed(config.seed)
         loader = DataLoader(train.data, batch_size=config.batch_size, shuffle=True, generator=order)
         optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
@@ -171,9 +178,9 @@ def train_model(config: Config, train: Split) -> DigitsCNN:
         for _ in range(config.epochs):
             for inputs, labels in loader:
                 optimizer.zero_grad()
-                F.cross_entropy(model(inputs), labels).backward()
+                F.cross_entropy(model(inputs.double()), labels).backward()
                 optimizer.step()
-    return model.eval()
+    return model.float().eval()
 
 
 def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> None:
@@ -272,7 +279,8 @@ class DigitsCNNBackbone(Backbone):
     def __init__(self, config: Config | None, cache_dir: Path, device: str = "cpu") -> None:
         super().__init__(config if config is not None else Config(), cache_dir, device)
         with torch.random.fork_rng(devices=[]):  # the initial weights are overwritten anyway
-            self.model = DigitsCNN(self.config, len(ID_CLASSES))
+            # float64 in memory: the float32 weights exactly, every forward pass in float64
+            self.model = DigitsCNN(self.config, len(ID_CLASSES)).double()
         self.folder = self.load()
         self.model.eval()  # on the CPU until the first forward pass: planning moves nothing
         self.layer_modules = named_layers(self.model, self.config.layers)
@@ -354,7 +362,7 @@ class DigitsCNNBackbone(Backbone):
     @torch.inference_mode()
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.on_device()
-        hidden = self.model.forward_features(inputs.to(self.device, torch.float32))  # (B, D)
+        hidden = self.model.forward_features(inputs.to(self.device, torch.float64))  # (B, D)
         logits = self.model.classifier(hidden)  # (B, C)
         return hidden.float().cpu(), logits.float().cpu()
 
@@ -377,7 +385,7 @@ class DigitsCNNBackbone(Backbone):
         """
         t, eps = self.config.odin_temperature, self.config.odin_epsilon
         self.on_device()
-        x = inputs.to(self.device, torch.float32).detach().requires_grad_(True)
+        x = inputs.to(self.device, torch.float64).detach().requires_grad_(True)
         with torch.enable_grad():
             scaled = self.model(x) / t  # (B, C)
             log_s = F.log_softmax(scaled, dim=1)

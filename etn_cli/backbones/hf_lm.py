@@ -49,6 +49,7 @@ from etn_cli.backbones.lm_forward import (
     find_answer_tokens,
     layer_modules,
     letter_logits,
+    letters_advice,
     pad_left,
     postprocess_logits,
     probe_prompt,
@@ -147,9 +148,18 @@ class CausalLMBackbone(Backbone):
     @property
     def answer_tokens(self) -> AnswerTokens:
         if self._answer is None:
-            prompt = probe_prompt(self.template, self.config.letters)
-            self._answer = find_answer_tokens(self.tokenizer, prompt, self.config.letters)
+            letters = self.config.letters
+            prompt = probe_prompt(self.template, letters)
+            try:
+                self._answer = find_answer_tokens(self.tokenizer, prompt, letters)
+            except EtnError:  # again, ending with the letters that do work here
+                fix = letters_advice(self.tokenizer, self.template, letters, len(letters))
+                self._answer = find_answer_tokens(self.tokenizer, prompt, letters, fix)
         return self._answer
+
+    def letters_advice(self, count: int) -> str:
+        """What to set for questions of up to ``count`` choices (the class check's advice)."""
+        return letters_advice(self.tokenizer, self.template, self.config.letters, count)
 
     @property
     def model(self) -> Any:
@@ -245,6 +255,10 @@ class CausalLMBackbone(Backbone):
         return len(self.config.letters)
 
     @property
+    def planned_num_classes(self) -> int | None:
+        return self.num_classes  # the letters, or the vocabulary in the config planning read
+
+    @property
     def hidden_size(self) -> int:
         _ = self.location
         text = self._model_config.get("text_config") or self._model_config
@@ -258,7 +272,7 @@ class CausalLMBackbone(Backbone):
                 raise EtnError(
                     f"Question {number} of {split.dataset}/{split.split} has {len(q.choices)} "
                     f"choices but letters = {list(letters)}; expected at most one choice per "
-                    "letter. Add letters in [backbone]."
+                    f"letter. {self.letters_advice(len(q.choices))}"
                 )
         return [self.template.render(q.question, q.choices, letters, q.context) for q in questions]
 

@@ -44,9 +44,12 @@ def probe_prompt(template: PromptTemplate, letters: Sequence[str]) -> str:
     return template.render(PROBE_QUESTION, choices, letters)
 
 
-def find_answer_tokens(tokenizer: Any, prompt: str, letters: Sequence[str]) -> AnswerTokens:
+def find_answer_tokens(
+    tokenizer: Any, prompt: str, letters: Sequence[str], fix: str | None = None
+) -> AnswerTokens:
     """The first variant (" A" unless the prompt ends in whitespace, then "A") for which every
-    letter appended to ``prompt`` adds exactly one known token that decodes back to it."""
+    letter appended to ``prompt`` adds exactly one known token that decodes back to it;
+    otherwise one line naming the letters that are not, ending with ``fix`` (what to do)."""
     base = tokenizer(prompt)["input_ids"]
     order = ("bare", "space") if prompt[-1:].isspace() else ("space", "bare")
     problems = []
@@ -57,11 +60,61 @@ def find_answer_tokens(tokenizer: Any, prompt: str, letters: Sequence[str]) -> A
             return AnswerTokens(variant, texts, tuple(ids))  # type: ignore[arg-type]
         bad = [repr(t) for t, i in zip(texts, ids, strict=True) if i is None]
         problems.append(f"{variant}: {', '.join(bad) or 'letters share a token'}")
+    fix = fix or (
+        "Use letters the tokenizer has as one token each, or change the end of prompt_template."
+    )
     raise EtnError(
         f"Answer letters {list(letters)} are not single tokens after the prompt "
-        f"({'; '.join(problems)}). Use letters the tokenizer has as one token each (A, B, C, D) "
-        "or change the end of prompt_template."
+        f"({'; '.join(problems)}). {fix}"
     )
+
+
+def letter_sets(letters: Sequence[str], count: int) -> list[tuple[str, ...]]:
+    """Sets of ``count`` answer letters to try, the pipeline's own first (cut or continued in
+    the alphabet), then A, B, C…, a, b, c… and 1, 2, 3…"""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    own = tuple(letters)[:count]
+    if len(own) < count and "".join(own) == alphabet[: len(own)]:
+        own = tuple(alphabet[:count])
+    sets = [own] if len(own) == count else []
+    sets += [tuple(alphabet[:count]), tuple(alphabet.lower()[:count])]
+    sets += [tuple(str(k) for k in range(1, count + 1))] if count <= 9 else []
+    return list(dict.fromkeys(sets))
+
+
+def single_token_letters(
+    tokenizer: Any, template: PromptTemplate, letters: Sequence[str], count: int
+) -> tuple[str, ...] | None:
+    """The first of :func:`letter_sets` whose ``count`` letters are each one token after the
+    probe prompt, or None when this tokenizer has none of them."""
+    for candidate in letter_sets(letters, count):
+        try:
+            find_answer_tokens(tokenizer, probe_prompt(template, candidate), candidate)
+        except EtnError:
+            continue
+        return candidate
+    return None
+
+
+def letters_advice(
+    tokenizer: Any, template: PromptTemplate, letters: Sequence[str], count: int
+) -> str:
+    """The one thing that works for questions of up to ``count`` choices: a set of ``count``
+    single-token letters (``letters = [...]`` in [backbone]), else the most letters the
+    tokenizer has and leaving out the questions with more choices."""
+    found = single_token_letters(tokenizer, template, letters, count)
+    if found is not None:
+        return f"Set letters = {list(found)} in [backbone]: each is one token here."
+    tried = ", ".join(f"{s[0]}-{s[-1]}" for s in letter_sets(letters, count))
+    for most in range(count - 1, 1, -1):
+        usable = single_token_letters(tokenizer, template, letters, most)
+        if usable is not None:
+            return (
+                f"This tokenizer has no {count} single-token answer letters (tried {tried}) but "
+                f"has {most}: set letters = {list(usable)} and leave out the questions with more "
+                f"than {most} choices, or use another model."
+            )
+    return f"No {count} answer letters are one token each here (tried {tried}): use another model."
 
 
 def appended_token(tokenizer: Any, prompt: str, base: list[int], text: str) -> int | None:

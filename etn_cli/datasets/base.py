@@ -101,6 +101,11 @@ class DatasetSource:
         self.root = root
         self.options = options
 
+    def data_path(self, split: str) -> Path | None:
+        """The file or folder a split of your own reads (an image list, a folder, a JSONL
+        file), resolved; None for datasets whose splits are not files of yours."""
+        return None
+
     def has_split(self, split: str) -> bool:
         """Whether ``split`` names a split (datasets whose splits are paths override it)."""
         return split in self.splits
@@ -140,6 +145,9 @@ class PathSplits:
                 'sets none. Add root = "folder/with/the/files" to its [data] table.'
             )
         return Path(self.root).expanduser().resolve()
+
+    def data_path(self, split: str) -> Path | None:
+        return self.inside_root(split)
 
     def inside_root(self, split: str) -> Path | None:
         """The split's path if it names something that exists inside the root."""

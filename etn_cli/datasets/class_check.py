@@ -15,6 +15,7 @@ OOD splits are not checked: their labels are never used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from etn_cli.errors import EtnError
@@ -28,10 +29,12 @@ def check_id_classes(plan: Any, backbone: Any) -> None:
     data = plan.pipeline.data
     root = plan.pipeline.resolve(data.root) if data.root else None
     outputs = backbone.num_classes
+    advice = getattr(backbone, "letters_advice", None)  # how an LLM can take more choices
     for role, fp in sources.items():
         where = str(root / fp["split"]) if root else str(fp.get("split"))
-        check_split_classes({**fp, "where": where}, outputs, f"the {role} split", backbone.name)
-        sources[role] = {**fp, "where": where}
+        fp = {**fp, "where": where}
+        check_split_classes(fp, outputs, f"the {role} split", backbone.name, advice)
+        sources[role] = fp
     adapt, test = (sources[role].get("classes") for role in ("adapt", "test"))
     if adapt and test and adapt != test:
         raise EtnError(
@@ -42,7 +45,24 @@ def check_id_classes(plan: Any, backbone: Any) -> None:
         )
 
 
-def check_split_classes(fp: dict[str, Any], outputs: int, role: str, backbone: str) -> None:
+def check_planned_classes(plan: Any) -> None:
+    """:func:`check_id_classes` before any work, where the backbone knows its class count
+    without building its model (an LLM's answer letters): what a run would refuse after
+    loading the model, a dry run and a run's up-front check refuse already."""
+    backbone = plan.backbone
+    if backbone is not None and backbone.planned_num_classes is not None:
+        check_id_classes(plan, backbone)
+
+
+def check_split_classes(
+    fp: dict[str, Any],
+    outputs: int,
+    role: str,
+    backbone: str,
+    advice: Callable[[int], str] | None = None,
+) -> None:
+    """One split's labels against ``outputs``; ``advice(n)`` says what lets the backbone take
+    questions of ``n`` choices (the letters its tokenizer has as single tokens)."""
     where = _where(fp)
     classes, top, choices = fp.get("num_classes"), fp.get("labels_max"), fp.get("max_choices")
     if (classes is None and top == -1) or fp.get("labelled") is False:
@@ -63,10 +83,10 @@ def check_split_classes(fp: dict[str, Any], outputs: int, role: str, backbone: s
             f"{outputs} outputs; expected labels in 0..{outputs - 1}. Fix the labels."
         )
     if choices is not None and choices > outputs:
+        fix = advice(choices) if advice else f"Give [backbone] letters = [...] {choices} letters."
         raise EtnError(
             f"{role.capitalize()} ({where}) has questions with {choices} choices but the "
-            f"backbone has {outputs} answer letters; expected at most one choice per letter. "
-            'Add letters in [backbone] (e.g. letters = ["A", "B", "C", "D", "E"]).'
+            f"backbone has {outputs} answer letters; expected at most one choice per letter. {fix}"
         )
 
 

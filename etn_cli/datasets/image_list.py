@@ -84,6 +84,9 @@ class ImageListSource(VisionSource):
         path = Path(relative).expanduser()
         return path if path.is_absolute() else self.root_path() / path
 
+    def data_path(self, split: str) -> Path | None:
+        return self._path(self.sources[split][0]).resolve() if split in self.sources else None
+
     def images(self, split: str) -> Path:
         return self._path(self.sources[split][1] or self.opts.images)
 

@@ -83,6 +83,7 @@ def feature_entry(pipeline: Any, store: Path, role: str, entry: str) -> tuple[Pa
         raise EtnError(
             f"Feature folder {path} ({pipeline.path} [features] {role}) does not exist. "
             f"Point it at a folder of shard-*.h5 files or a {'/'.join(SUFFIXES)} file."
+            + pipeline.standins_hint()
         )
     return path, {"byof": split_key(path)}
 

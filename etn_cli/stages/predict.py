@@ -23,6 +23,7 @@ mi and de flag rows above it.
 
 from __future__ import annotations
 
+import difflib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,7 @@ def predict_frame(
     """The rows :func:`predict` writes, as a polars DataFrame; nothing is written."""
     from etn_cli.stages.extract import load_backbone
 
+    check_input_named(inputs)
     trained = read_head(pipeline_head(plan, head, seed).path)
     if plan.backbone is None:
         raise EtnError(
@@ -207,6 +209,18 @@ def flag_columns(
 
 
 # ------------------------------------------------------------------------- inputs
+def check_input_named(text: str) -> None:
+    """A path that does not exist is one line saying so, not a dataset lookup: ``INPUTS`` is a
+    dataset split only when it reads as one (``digits:test``, ``digits_unseen``)."""
+    path = Path(text).expanduser()
+    looks_like_path = "/" in text or "\\" in text or text.startswith((".", "~")) or path.suffix
+    if looks_like_path and ":" not in text and not path.exists():
+        raise EtnError(
+            f"Input {text} does not exist. Pass an image folder, a .jsonl file of questions, or a "
+            "dataset split such as digits:test (`etn ls datasets` lists the datasets)."
+        )
+
+
 def resolve_inputs(plan: Plan, text: str, num_classes: int) -> Inputs:
     """An image folder, a ``.jsonl`` of questions or a dataset split, checked against what
     the pipeline's backbone reads."""
@@ -300,9 +314,12 @@ def dataset_split(plan: Plan, text: str) -> Inputs:
 
     name, _, split_name = text.partition(":")
     if name not in datasets:
+        close = difflib.get_close_matches(name, datasets.names(), n=3, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise EtnError(
-            f"Input {text!r} is no image folder, .jsonl file or dataset split: "
-            f"{datasets.unknown_message(name)}"
+            f"Input {text!r} is no image folder, .jsonl file or dataset split (no file or "
+            f"folder of that name): Unknown dataset {name!r}.{hint} Check the path, or see "
+            "`etn ls datasets`."
         )
     source = open_source(plan.pipeline, name)
     split_name = split_name or "test"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from etn_cli import progress
 from etn_cli.backbones.base import read_only
+from etn_cli.datasets.class_check import check_planned_classes
 from etn_cli.distributed import rank_device, torchrun_world
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.pipeline import load_pipeline
@@ -43,15 +44,38 @@ class RunOptions:
 
 @dataclass
 class RunOutcome:
+    """How one pipeline of ``etn run`` ended: ``ok``, a user error (``bug`` False: one
+    ``error:`` line, exit status 2) or a bug (``FAILED`` after its traceback, exit status 1)."""
+
     path: Path
     ok: bool
     seconds: float
     message: str
     table: str = ""
+    bug: bool = False
+    stages: tuple[str, ...] = ()  # each stage's summary ("train: 61 built, 0 up to date")
 
     def line(self) -> str:
-        status = "ok    " if self.ok else "FAILED"
-        return f"{status} {self.path} ({self.seconds:.1f} s): {self.message}"
+        """The pipeline's closing line, kept within 100 columns for a usual path when ok."""
+        if self.ok:
+            return f"ok {self.path} ({self.seconds:.1f} s): {self.message}"
+        if not self.bug:
+            return f"error: {self.path}: {self.message}"
+        return f"FAILED {self.path} ({self.seconds:.1f} s): {self.message}"
+
+
+def run_summary(results: list[StageResult], report_folder: Path | None, data_dir: Path) -> str:
+    """``127 built, 0 up to date; report: reports/digits/`` (the folder under the data
+    directory printed at the top of the run); every stage's count is in ``etn status``."""
+    built = sum(len(r.done) for r in results)
+    kept = sum(len(r.skipped) for r in results)
+    text = f"{built} built, {kept} up to date"
+    if report_folder is not None:
+        folder = Path(report_folder).resolve()
+        root = Path(data_dir).resolve()
+        shown = folder.relative_to(root) if folder.is_relative_to(root) else folder
+        text += f"; report: {shown}/"
+    return text
 
 
 def resolve_device(device: str) -> str:
@@ -137,8 +161,9 @@ def run_pipeline(
                 with unit_lock(damage.path):
                     discard(damage.path)
     folder = written[0].parent if written else None
-    message = "; ".join(r.summary() for r in results) + (f"; report: {folder}" if folder else "")
-    return RunOutcome(path, True, time.perf_counter() - started, message, table)
+    message = run_summary(results, folder, data_dir)
+    stages = tuple(r.summary() for r in results)
+    return RunOutcome(path, True, time.perf_counter() - started, message, table, stages=stages)
 
 
 def run_stages(plan: Plan, dev: str, extract_only: bool) -> list[StageResult]:
@@ -199,7 +224,7 @@ def run_many(
             loaded = load_pipeline(path, options.overrides, options.only)
             resolve_device(device or loaded.device)  # a missing GPU stops the batch up front
             with read_only():  # checking builds nothing; the run below does
-                make_plan(loaded, data_dir)
+                check_planned_classes(make_plan(loaded, data_dir))
         except EtnError as err:
             errors.append(str(err))
     if errors:
@@ -215,7 +240,8 @@ def run_many(
         except Exception as err:  # a bug in one pipeline must not stop a cron batch
             traceback.print_exc()
             message = f"{type(err).__name__}: {err} (a bug; traceback above)"
-            outcomes.append(RunOutcome(path, False, time.perf_counter() - started, message))
+            seconds = time.perf_counter() - started
+            outcomes.append(RunOutcome(path, False, seconds, message, bug=True))
     return outcomes
 
 
@@ -233,6 +259,7 @@ def dry_run_report(
         resolve_device(device or loaded.device)  # refused here as a run would refuse it
         with read_only():
             plan = make_plan(loaded, data_dir)
+        check_planned_classes(plan)  # as run_many checks before any work
         units = status(plan)
         lines = [f"{path} (data directory {plan.data_dir}):"]
         for u in units:
