@@ -16,6 +16,7 @@ import typer
 
 from etn_cli import cli_build, cli_inspect
 from etn_cli.cli_options import fail, one_line
+from etn_cli.progress import write_line
 from etn_cli.errors import EtnError
 
 app = typer.Typer(
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(err).__name__ == "NoArgsIsHelpError":  # `etn run` with nothing: its help
             print(err.format_message(), file=sys.stderr)
             sys.exit(2)
-        print(one_line(err), file=sys.stderr)
+        write_line(one_line(err))
         sys.exit(getattr(err, "exit_code", 2))
     except OSError as err:  # a full disk or a read-only data directory is a user's problem
         from etn_cli.store.storage import is_storage_error, storage_error

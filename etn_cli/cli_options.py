@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from etn_cli.errors import EtnError
+from etn_cli.progress import write_line
 from etn_cli.store.storage import DATA_DIR_ENV, default_data_dir
 
 
@@ -125,5 +126,5 @@ def one_line(err: Exception) -> str:
 
 
 def fail(message: str, code: int) -> None:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    write_line(f"error: {message}")
     sys.exit(code)

@@ -90,8 +90,15 @@ def stamped(line: str) -> str:
     return f"{datetime.now().astimezone().isoformat(timespec='seconds')} {line}"
 
 
+def write_line(line: str) -> None:
+    """``line`` and its newline to stderr in one write: ranks under torchrun share the stream
+    unbuffered, and ``print`` would write the newline separately, gluing their lines."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _write(line: str) -> None:
-    print(stamped(line), file=sys.stderr, flush=True)
+    write_line(stamped(line))
 
 
 @contextmanager
