@@ -12,7 +12,7 @@ import torch
 from scipy.special import logsumexp, softmax
 
 from etn_cli.errors import EtnError
-from etn_cli.heads import heads
+from etn_cli.heads import Head, heads
 from etn_cli.heads.scorers.base import Scorer
 from tests.scorer_data import make_scorer_data
 
@@ -84,6 +84,22 @@ def test_temperature_minimises_the_adaptation_nll(data):
     prediction = head.predict(data.h_test, data.z_test)
     assert_close(prediction.probs, scaled)
     assert (prediction.predictions == data.z_test.argmax(1)).all()
+
+
+def test_temperature_on_a_perfectly_classified_split_falls_back_to_laplaces_rule(data, tmp_path):
+    y = data.z_fit.argmax(1)  # every adaptation row right: the NLL falls all the way to T -> 0
+    with pytest.warns(UserWarning, match="Laplace's rule"):
+        head = heads.get("temperature")().fit(data.h_fit, data.z_fit, y)
+    t, n = head.temperature_, len(y)
+    confidence = softmax(data.z_fit.astype(np.float64) / t, axis=1).max(1).mean()
+    assert head.calibration_["rule"] == "laplace"
+    assert confidence == pytest.approx((n + 1) / (n + 2), abs=1e-8)
+    expected = softmax(data.z_test.astype(np.float64) / t, axis=1).max(1)
+    assert_close(head.score(data.h_test, data.z_test), expected, rtol=1e-12, atol=0)
+    head.save(tmp_path)
+    loaded = Head.load(tmp_path)
+    assert loaded.calibration_ == head.calibration_
+    assert_close(loaded.predict(data.h_test, data.z_test).probs, softmax(data.z_test / t, axis=1))
 
 
 def test_kl_matching_against_templates_of_predicted_classes(data):
@@ -301,4 +317,4 @@ def test_aliases_find_the_registered_heads():
     assert heads.get("msp") is heads.get("map")
     assert heads.get("ebo") is heads.get("energy")
     assert heads.get("mds") is heads.get("mahalanobis")
-    assert heads.aliases_of("ash_s") == ["ash"]
+    assert heads.aliases_of("ash_b") == ["ash"]

@@ -1,7 +1,8 @@
 """Energy-based OOD score (Liu et al., NeurIPS 2020): ``E(z) = -T logsumexp(z / T)``.
 
 The score reported is the negative energy ``T logsumexp(z / T)`` (higher = more ID); the
-class probabilities stay the backbone's softmax. Nothing is learned.
+class probabilities stay the backbone's softmax. Nothing is learned. ``temperature = 1`` is
+the paper's (and OpenOOD's ``ebo.yml``, pytorch-ood's).
 """
 
 from __future__ import annotations

@@ -15,8 +15,11 @@ With ``s1`` the row's sum and ``s2`` the sum of its kept values:
 
 ASH acts on the penultimate activations after global pooling, as the authors' ResNet code
 and OpenOOD apply it, so the cached features serve. Default percentiles are the papers'
-ImageNet ResNet-50 settings (ASH-P 60, ASH-B 65, ASH-S 90, SCALE 85); the papers use larger
-ones on CIFAR (ASH: 90, 90, 95), which ``pipelines/openood_cifar10.toml`` sets.
+ImageNet ResNet-50 settings (ASH paper, Table 1: ASH-P 60, ASH-B 65, ASH-S 90; SCALE paper:
+85); the ASH paper uses larger ones on CIFAR (90, 90, 95), which
+``pipelines/openood_cifar10.toml`` sets. OpenOOD differs for ASH: its ``ash`` postprocessor
+shapes with ASH-B at percentile 90 (``ash.yml``; here ``ash_b`` with ``percentile = 90``, and
+the alias ``ash``); its SCALE uses 85, as the paper.
 """
 
 from __future__ import annotations

@@ -6,7 +6,12 @@ are all zero), the eigenvectors of the uncentred second moment of ``x = h - u`` 
 rows, ``sum_i x_i x_i^T / N`` (the authors' ``EmpiricalCovariance(assume_centered=True)``),
 and the complement ``R`` (D, D - d) of the ``d`` leading ones. The residual of a row is
 ``r(h) = ||(h - u) R||``. ``dim = 0`` picks the paper's ``d``: 1000 for D >= 1500, 512 for
-D >= 768 (ViT), else D / 2 (OpenOOD's 256 for a ResNet-18's 512).
+D >= 768 (ViT), else D / 2 (OpenOOD's 256 for a ResNet-18's 512). The paper states no rule
+for smaller D; its code sets ``d`` per backbone, and OpenOOD's scripts set it per benchmark
+(256 on CIFAR, 1000 on ImageNet with ResNet-50), as ``dim`` does here.
+
+The second moment is float64 throughout (products included): its eigenvalues near the cut can
+lie closer together than float32 products of rows far from the origin resolve.
 """
 
 from __future__ import annotations
@@ -56,17 +61,27 @@ class Subspace(Scorer):
         self.origin_ = -min_norm_solution(weight, bias)  # -pinv(W) b (D,)
         moment = second_moment(h, self.origin_) / len(h)
         vectors = symmetric_eigenvectors(moment)  # ascending eigenvalues
-        self.residual_basis_ = vectors[:, : h.shape[1] - d].float().contiguous()  # (D, D - d)
+        basis = vectors[:, : h.shape[1] - d]  # (D, D - d)
+        self.residual_basis_ = basis.float().contiguous()
+        self.origin_residual_ = self.origin_ @ basis  # u R (D - d,), float64
 
     def residual(self, h: torch.Tensor) -> torch.Tensor:
-        """``||(h - u) R||`` (N,): the float32 product of float32 centred rows (as the
-        features), its norm in float64, in blocks of rows."""
-        origin = self.origin_.float()
+        """``||(h - u) R|| = ||h R - u R||`` (N,): ``h R`` a float32 product of the float32
+        features, ``u R`` float64 from the fit, so a distant origin (``||u||`` far above
+        ``||h||`` on a nearly rank-deficient layer) costs no precision; in blocks of rows."""
+        origin = self.origin_residual()
         parts = [
-            ((h[s : s + SCORE_ROWS].float() - origin) @ self.residual_basis_).double().norm(dim=1)
+            ((h[s : s + SCORE_ROWS].float() @ self.residual_basis_).double() - origin).norm(dim=1)
             for s in range(0, len(h), SCORE_ROWS)
         ]
         return torch.cat(parts)
+
+    def origin_residual(self) -> torch.Tensor:
+        """``u R`` (D - d,) float64; computed from the basis for a checkpoint without it."""
+        stored = getattr(self, "origin_residual_", None)
+        if stored is None:
+            return self.origin_.double() @ self.residual_basis_.double()
+        return stored
 
 
 @heads.register("vim")
