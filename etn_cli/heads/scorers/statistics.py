@@ -13,23 +13,33 @@ MOMENT_ROWS = 8192  # rows per float64 block: bounds the (rows, D) temporary
 
 
 def second_moment(
-    x: torch.Tensor, means: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    x: torch.Tensor,
+    means: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``sum_i (x_i - m_i)(x_i - m_i)^T`` (D, D) with ``m_i = means`` (D,), or
-    ``means[labels[i]]`` for class means (C, D), or 0: float64 products of centred row blocks.
-    Centring before the product keeps the small eigenvalues that ``E[x x^T] - mu mu^T`` would
-    cancel away, and float64 products keep those that float32 ones blur: the cut of ViM's
-    principal subspace and every inverse covariance read them (a float32 product perturbs the
-    moment by about 1e-7 of its largest entry, which can exceed the gap at the cut)."""
+    ``means[labels[i]]`` for class means (C, D), or 0 (rows first multiplied by ``scale``
+    (N,) when given): float64 products of centred row blocks. Centring before the product
+    keeps the small eigenvalues that ``E[x x^T] - mu mu^T`` would cancel away, and float64
+    products keep those that float32 ones blur: the cut of ViM's principal subspace and every
+    inverse covariance read them (a float32 product perturbs the moment by about 1e-7 of its
+    largest entry, which can exceed the gap at the cut)."""
     total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
     centres = None if means is None else means.to(torch.float64)
     for start in range(0, len(x), MOMENT_ROWS):
-        block = x[start : start + MOMENT_ROWS].to(torch.float64)
+        rows = slice(start, start + MOMENT_ROWS)
+        block = float64_rows(x, rows, scale)
         if centres is not None:
-            rows = slice(start, start + MOMENT_ROWS)
             block -= centres if labels is None else centres[labels[rows]]
         total += gram(block)
     return total
+
+
+def float64_rows(x: torch.Tensor, rows: slice, scale: torch.Tensor | None) -> torch.Tensor:
+    """``x[rows]`` in float64, each row multiplied by its ``scale`` when given (a new tensor)."""
+    block = x[rows].to(torch.float64, copy=True)
+    return block if scale is None else block.mul_(scale[rows, None])
 
 
 def gram(block: torch.Tensor) -> torch.Tensor:
@@ -43,19 +53,24 @@ def gram(block: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(rows.T @ rows)
 
 
-def class_means(h: torch.Tensor, y: torch.Tensor, classes: int, what: str) -> torch.Tensor:
-    """Mean feature of each class (C, D) in float64; every class must have rows."""
+def class_means(
+    h: torch.Tensor, y: torch.Tensor, classes: int, what: str, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean feature of each class (C, D) in float64 (rows multiplied by ``scale`` (N,) when
+    given); every class must have rows."""
     check_every_class(y, classes, what)
     sums = torch.zeros(classes, h.shape[1], dtype=torch.float64, device=h.device)
     for start in range(0, len(h), MOMENT_ROWS):  # float64 sums of blocks
         rows = slice(start, start + MOMENT_ROWS)
-        sums.index_add_(0, y[rows], h[rows].double())
+        sums.index_add_(0, y[rows], float64_rows(h, rows, scale))
     return sums / torch.bincount(y, minlength=classes).double()[:, None]
 
 
-def tied_covariance(h: torch.Tensor, y: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+def tied_covariance(
+    h: torch.Tensor, y: torch.Tensor, means: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """Shared covariance of the class-centred features, ``sum_i (h_i - mu_y)(..)^T / N``."""
-    return second_moment(h, means, y) / len(h)
+    return second_moment(h, means, y, scale) / len(h)
 
 
 def covariance(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,14 +147,14 @@ def whitener(prec: torch.Tensor) -> torch.Tensor:
 
 
 def whitened_means(means: torch.Tensor, prec: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """What :func:`squared_distances` needs from the fitted state, computed once: the centre
-    ``c`` (the mean of the class means, D), the whitener ``G`` (D, r) in float32, the whitened
-    means ``(mu_c - c) G`` (C, r) in float32 and their squared norms (C,) in float64."""
+    """What :func:`squared_distances` needs from the fitted state, computed once, float64: the
+    centre ``c`` (the mean of the class means, D), the whitener ``G`` (D, r), the whitened
+    means ``(mu_c - c) G`` (C, r) and their squared norms (C,)."""
     means = means.double()
     centre = means.mean(0)
     g = whitener(prec)
     moved = (means - centre) @ g
-    return centre.float(), g.float(), moved.float(), moved.square().sum(1)
+    return centre, g, moved, moved.square().sum(1)
 
 
 def squared_distances(
@@ -151,11 +166,10 @@ def squared_distances(
     """``(h - mu_c)^T P (h - mu_c)`` for every row and class (N, C) in float64, with only
     (N, D) and (N, C) tensors built: ``||w||^2 - 2 w . m_c + ||m_c||^2`` with the whitened
     rows ``w = (h - c) G`` and means ``m_c = (mu_c - c) G`` (``G G^T = P``,
-    :func:`whitened_means`; pass its result as ``parts`` to reuse it). The two products are
-    float32, as the float32 features they read (each loses no more than their own rounding:
-    the rows are centred and whitened first, so no large terms cancel); norms and sums are
-    float64."""
+    :func:`whitened_means`; pass its result as ``parts`` to reuse it). Float64 throughout: on
+    a nearly singular covariance ``G`` has large entries of opposite signs on correlated
+    units, and a float32 product loses their difference (1e-4 of the distance at a condition
+    number of 4e6, where float64 keeps 1e-9)."""
     centre, g, moved, moved_sq = whitened_means(means, prec) if parts is None else parts
-    w = (h.float() - centre) @ g  # (N, r)
-    cross = (w @ moved.T).double()  # (N, C)
-    return w.double().square().sum(1, keepdim=True) - 2 * cross + moved_sq
+    w = (h.double() - centre) @ g  # (N, r)
+    return w.square().sum(1, keepdim=True) - 2 * (w @ moved.T) + moved_sq
