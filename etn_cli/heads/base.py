@@ -73,9 +73,11 @@ class Head:
     (C,)) for heads that start from it (``needs_classifier``). A head that estimates ID
     statistics (``needs_id_statistics``: class means, covariances, a bank of neighbours) is fitted
     on the pipeline's ``fit`` split when it has one; a ``seed_free`` head draws nothing at random
-    and is fitted for the first seed only. ``layers`` maps names to extra
-    per-sample arrays (N, D_l) that extract stored when the pipeline asked for them: pooled
-    intermediate layers (``needs_layers``) or ODIN's perturbed logits; empty otherwise.
+    and is fitted for the first seed only; a head whose fit reads no row (``reads_fit_rows``
+    False: nothing to learn, or the classifier only) is spared the scan of its fit arrays.
+    ``layers`` maps names to extra per-sample arrays (N, D_l) that extract stored when the
+    pipeline asked for them: pooled intermediate layers (``needs_layers``) or ODIN's perturbed
+    logits; empty otherwise.
     """
 
     name: ClassVar[str]
@@ -86,6 +88,7 @@ class Head:
     needs_layers: ClassVar[bool] = False  # consumes pooled intermediate layers (``layers``)
     needs_id_statistics: ClassVar[bool] = False  # fitted on the ``[data] fit`` split if given
     seed_free: ClassVar[bool] = False  # nothing random: one seed stands for all
+    reads_fit_rows: ClassVar[bool] = True  # False: fit reads only the sizes of its arrays
     own_score: ClassVar[str] = "mp"  # the OOD score ``score()`` returns
 
     def __init__(self, **settings: Any) -> None:
@@ -126,7 +129,9 @@ class Head:
     ) -> Head:
         """Fit on adaptation features: ``hidden`` (N, D), ``logits`` (N, C), ``labels`` (N,),
         and optionally ``layers`` (name -> (N, D_l))."""
-        h, z = check_features(hidden, logits)
+        # values a fit never reads need no scan for NaN (0.2 s at 128,000 x 2,048)
+        scan = self.reads_fit_rows or self.config.calibrate != "none"
+        h, z = check_features(hidden, logits, scan=scan)
         y = check_labels(labels, len(h), z.shape[1])
         extra = self._check_layers(layers, len(h))
         if self.needs_classifier and classifier is None:
@@ -275,8 +280,11 @@ def to_tensor(x: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.as_tensor(np.asarray(x), dtype=dtype)
 
 
-def check_features(hidden: Any, logits: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 tensors ``hidden`` (N, D) and ``logits`` (N, C), finite, with matching N."""
+def check_features(
+    hidden: Any, logits: Any, *, scan: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 tensors ``hidden`` (N, D) and ``logits`` (N, C), with matching N, and finite
+    unless ``scan`` is False (values no one reads)."""
     h, z = to_tensor(hidden, torch.float32), to_tensor(logits, torch.float32)
     if h.ndim != 2 or z.ndim != 2:
         raise EtnError(
@@ -287,7 +295,7 @@ def check_features(hidden: Any, logits: Any) -> tuple[torch.Tensor, torch.Tensor
         raise EtnError(f"Expected the same non-zero number of rows, got {len(h)} and {len(z)}.")
     if z.shape[1] < 2:
         raise EtnError(f"Expected at least 2 classes in logits, got {z.shape[1]}.")
-    for name, t in (("hidden", h), ("logits", z)):
+    for name, t in (("hidden", h), ("logits", z)) if scan else ():
         if bool(torch.isfinite(t.sum())):  # one reduction: no inf or NaN anywhere (fast path)
             continue
         bad = (~torch.isfinite(t)).any(dim=1).nonzero().flatten()

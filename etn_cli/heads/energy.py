@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.scorers.softmax_terms import energy
 from etn_cli.metrics.scores import probability_scores
 
 
@@ -26,6 +27,7 @@ class Energy(Head):
     label = "Energy"
     family = "posthoc"
     seed_free = True
+    reads_fit_rows = False
     own_score = "energy"
     Config = EnergyConfig
 
@@ -40,5 +42,6 @@ class Energy(Head):
         return Prediction(probs, scores)
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
-        t = self.config.temperature
-        return (t * torch.logsumexp(z.double() / t, 1)).numpy()
+        """The energy alone, in one pass of row blocks
+        (:func:`~etn_cli.heads.scorers.softmax_terms.energy`)."""
+        return energy(z, self.config.temperature).numpy()

@@ -70,6 +70,7 @@ class Shaping(Scorer):
 
     needs_classifier = True
     energy_of_logits = True
+    reads_fit_rows = False  # the classifier only
     shape_rows = staticmethod(ash_s)
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001

@@ -89,6 +89,7 @@ class GradNorm(Scorer):
     back-propagates a loss C times as large (targets of ones), which ranks the same."""
 
     name = "gradnorm"
+    reads_fit_rows = False
     label = "GradNorm"
     Config = GradNormConfig
     score_name = "gradnorm"

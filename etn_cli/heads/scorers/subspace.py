@@ -22,7 +22,7 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
-from etn_cli.heads.scorers.base import SCORE_ROWS, Scorer
+from etn_cli.heads.scorers.base import SCORE_ROWS, Scorer, energy
 from etn_cli.heads.scorers.statistics import (
     min_norm_solution,
     second_moment,
@@ -100,7 +100,7 @@ class ViM(Subspace):
         self.alpha_ = max_logit / self.residual(h).mean()
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return torch.logsumexp(z.double(), dim=1) - self.alpha_ * self.residual(h)
+        return energy(z) - self.alpha_ * self.residual(h)
 
 
 @heads.register("residual")

@@ -20,6 +20,7 @@ from etn_cli.errors import EtnError
 from etn_cli.heads.base import heads
 from etn_cli.heads.calibration import fit_scores_temperature
 from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.softmax_terms import max_probability
 
 
 @heads.register("temperature")
@@ -42,10 +43,9 @@ class TemperatureScaling(Scorer):
         return self.calibration_["temperature"]
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``max_i softmax(z / T)_i = 1 / sum_i exp((z_i - max z) / T)`` (N,), float64."""
-        top = z.max(dim=1, keepdim=True).values
-        shifted = (z.double() - top.double()) / self.temperature_
-        return 1.0 / torch.exp(shifted).sum(dim=1)
+        """``max_i softmax(z / T)_i`` (N,), float64
+        (:func:`~etn_cli.heads.scorers.softmax_terms.max_probability`)."""
+        return max_probability(z, self.temperature_)
 
     def _load_state(self, tensors: dict[str, torch.Tensor]) -> None:
         if "temperature" in tensors and self.calibration_ is None:  # saved before issue 29
