@@ -69,6 +69,23 @@ def test_logit_only_scores(data):
     assert_close(own("gradnorm", data), np.abs(p - 0.25).sum(1) * np.abs(data.h_test).sum(1))
 
 
+def test_gen_and_entropy_of_confident_rows_keep_the_other_classes_mass():
+    # p_max rounds to 1 in float64: 1 - p_max must come from the other classes' mass
+    z = np.array([[40.0, 0.0, -1.0, 2.0], [45.0, 3.0, 1.0, -3.0]], np.float32)
+    h = np.ones((2, 3), np.float32)
+    d = z.astype(np.float64) - z.max(1, keepdims=True)
+    e = np.exp(d)
+    p = e / e.sum(1, keepdims=True)
+    rest = np.sort(e, axis=1)[:, :-1].sum(1)  # the non-top terms, without 1 + r - 1
+    q = np.where(d == 0, (rest / (1 + rest))[:, None], 1.0 - p)  # 1 - p, top class exactly
+    gen = -(p**0.1 * q**0.1).sum(1)
+    entropy = np.log1p(rest) - (e * d).sum(1) / (1 + rest)
+    fitted = {n: heads.get(n)().fit(h, z, np.array([0, 0])) for n in ("gen", "entropy")}
+    assert_close(fitted["gen"].score(h, z), gen, rtol=1e-12, atol=0)
+    assert_close(fitted["entropy"].score(h, z), entropy, rtol=1e-12, atol=0)
+    assert ((1.0 - p.max(1)) == 0).all()  # the naive formula would give gen's top term 0
+
+
 def test_temperature_minimises_the_adaptation_nll(data):
     head = fitted("temperature", data)
     t = float(head.temperature_)

@@ -32,6 +32,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
 from etn_cli.heads.scorers.base import Scorer, per_class_rows
+from etn_cli.heads.scorers.statistics import gram
 
 JITTERS = [0.0, torch.finfo(torch.float64).tiny] + [10.0**e for e in range(-308, 0)]
 
@@ -81,7 +82,7 @@ class DDU(Scorer):
         h = h.double()
         self.means_ = torch.stack([h[r].mean(0) for r in rows])  # (C, D)
         centred = [h[r] - m for r, m in zip(rows, self.means_, strict=True)]
-        covs = torch.stack([c.T @ c / max(len(c) - 1, 1) for c in centred])  # (C, D, D)
+        covs = torch.stack([gram(c) / max(len(c) - 1, 1) for c in centred])  # (C, D, D)
         eps, factors = smallest_jitter(covs)
         self.jitter_ = torch.tensor(eps, dtype=torch.float64)
         eye = torch.eye(dim, dtype=torch.float64, device=h.device).expand_as(factors)

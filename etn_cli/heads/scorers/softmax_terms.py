@@ -23,14 +23,16 @@ def block_rows(z: torch.Tensor) -> int:
     return max(1, BLOCK_CELLS // z.shape[1])
 
 
-def largest_and_rest(z: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, ...]:
+def largest_and_rest(
+    z: torch.Tensor, temperature: float = 1.0, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, ...]:
     """Each row's largest logit ``m`` and ``r = sum_{i != argmax} exp((z_i - m) / T)``, both
-    (N,) float64, from float32 exponentials."""
+    (N,) float64, from exponentials in ``dtype``."""
     rows = block_rows(z)
     top = torch.empty(len(z), dtype=torch.float64, device=z.device)
     rest = torch.empty(len(z), dtype=torch.float64, device=z.device)
     for start in range(0, len(z), rows):
-        block = z[start : start + rows].float()
+        block = z[start : start + rows].to(dtype)
         m, index = block.max(dim=1, keepdim=True)
         e = torch.exp((block - m) / temperature if temperature != 1.0 else block - m)
         rest[start : start + rows] = e.scatter_(1, index, 0.0).sum(dim=1)
@@ -44,9 +46,11 @@ def energy(z: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     return top + temperature * torch.log1p(rest)
 
 
-def max_probability(z: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``max_i softmax(z / T)_i = 1 / (1 + r)`` (N,) float64."""
-    return 1.0 / (1.0 + largest_and_rest(z, temperature)[1])
+def max_probability(
+    z: torch.Tensor, temperature: float = 1.0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``max_i softmax(z / T)_i = 1 / (1 + r)`` (N,) float64, exponentials in ``dtype``."""
+    return 1.0 / (1.0 + largest_and_rest(z, temperature, dtype)[1])
 
 
 def entropy(z: torch.Tensor) -> torch.Tensor:

@@ -4,12 +4,30 @@ the class means, never building an (N, C, D) tensor."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
 from etn_cli.heads.scorers.base import check_every_class
 
-MOMENT_ROWS = 8192  # rows per float64 block: bounds the (rows, D) temporary
+DISTANCE_CELLS = 1 << 20  # float64 values of a block of rows in squared_distances
+MOMENT_CELLS = 1 << 24  # float64 values per block (128 MiB): large blocks keep syrk efficient
+
+
+def float64_blocks(
+    x: torch.Tensor, scale: torch.Tensor | None = None
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(rows, x[rows] in float64)`` over blocks of about ``MOMENT_CELLS`` values, each row
+    multiplied by its ``scale`` (N,) when given. One buffer serves every block (a fresh
+    float64 block per step costs as much as its product in page faults), so a block is valid
+    only until the next one."""
+    step = max(1, MOMENT_CELLS // x.shape[1])
+    buffer = torch.empty(min(step, len(x)), x.shape[1], dtype=torch.float64, device=x.device)
+    for start in range(0, len(x), step):
+        rows = slice(start, min(start + step, len(x)))
+        block = buffer[: rows.stop - start].copy_(x[rows])
+        yield rows, block if scale is None else block.mul_(scale[rows, None])
 
 
 def second_moment(
@@ -27,19 +45,16 @@ def second_moment(
     largest entry, which can exceed the gap at the cut)."""
     total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
     centres = None if means is None else means.to(torch.float64)
-    for start in range(0, len(x), MOMENT_ROWS):
-        rows = slice(start, start + MOMENT_ROWS)
-        block = float64_rows(x, rows, scale)
-        if centres is not None:
-            block -= centres if labels is None else centres[labels[rows]]
+    gathered = None
+    for rows, block in float64_blocks(x, scale):
+        if centres is not None and labels is None:
+            block -= centres
+        elif centres is not None:
+            if gathered is None:
+                gathered = torch.empty_like(block)
+            block -= torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
         total += gram(block)
     return total
-
-
-def float64_rows(x: torch.Tensor, rows: slice, scale: torch.Tensor | None) -> torch.Tensor:
-    """``x[rows]`` in float64, each row multiplied by its ``scale`` when given (a new tensor)."""
-    block = x[rows].to(torch.float64, copy=True)
-    return block if scale is None else block.mul_(scale[rows, None])
 
 
 def gram(block: torch.Tensor) -> torch.Tensor:
@@ -60,9 +75,8 @@ def class_means(
     given); every class must have rows."""
     check_every_class(y, classes, what)
     sums = torch.zeros(classes, h.shape[1], dtype=torch.float64, device=h.device)
-    for start in range(0, len(h), MOMENT_ROWS):  # float64 sums of blocks
-        rows = slice(start, start + MOMENT_ROWS)
-        sums.index_add_(0, y[rows], float64_rows(h, rows, scale))
+    for rows, block in float64_blocks(h, scale):
+        sums.index_add_(0, y[rows], block)
     return sums / torch.bincount(y, minlength=classes).double()[:, None]
 
 
@@ -171,5 +185,9 @@ def squared_distances(
     units, and a float32 product loses their difference (1e-4 of the distance at a condition
     number of 4e6, where float64 keeps 1e-9)."""
     centre, g, moved, moved_sq = whitened_means(means, prec) if parts is None else parts
-    w = (h.double() - centre) @ g  # (N, r)
-    return w.square().sum(1, keepdim=True) - 2 * (w @ moved.T) + moved_sq
+    out = torch.empty(len(h), len(moved), dtype=torch.float64, device=h.device)
+    step = max(1, DISTANCE_CELLS // g.shape[0])  # small blocks reuse freed memory
+    for s in range(0, len(h), step):
+        w = (h[s : s + step].double() - centre) @ g  # (rows, r)
+        out[s : s + step] = w.square().sum(1, keepdim=True) - 2 * (w @ moved.T) + moved_sq
+    return out

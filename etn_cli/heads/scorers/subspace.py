@@ -22,12 +22,14 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
-from etn_cli.heads.scorers.base import SCORE_ROWS, Scorer, energy
+from etn_cli.heads.scorers.base import Scorer, energy
 from etn_cli.heads.scorers.statistics import (
     min_norm_solution,
     second_moment,
     symmetric_eigenvectors,
 )
+
+RESIDUAL_CELLS = 1 << 18  # values of (h - u) R per block: small blocks reuse freed memory
 
 
 def principal_dim(dim: int, features: int) -> int:
@@ -69,12 +71,13 @@ class Subspace(Scorer):
         """``||(h - u) R|| = ||h R - u R||`` (N,): ``h R`` a float32 product of the float32
         features, ``u R`` float64 from the fit, so a distant origin (``||u||`` far above
         ``||h||`` on a nearly rank-deficient layer) costs no precision; in blocks of rows."""
-        origin = self.origin_residual()
-        parts = [
-            ((h[s : s + SCORE_ROWS].float() @ self.residual_basis_).double() - origin).norm(dim=1)
-            for s in range(0, len(h), SCORE_ROWS)
-        ]
-        return torch.cat(parts)
+        origin, basis = self.origin_residual(), self.residual_basis_
+        out = torch.empty(len(h), dtype=torch.float64, device=h.device)
+        step = max(1, RESIDUAL_CELLS // basis.shape[1])
+        for s in range(0, len(h), step):
+            projected = (h[s : s + step].float() @ basis).double().sub_(origin)  # (rows, D - d)
+            out[s : s + step] = torch.linalg.vector_norm(projected, dim=1)
+        return out
 
     def origin_residual(self) -> torch.Tensor:
         """``u R`` (D - d,) float64; computed from the basis for a checkpoint without it."""

@@ -43,9 +43,10 @@ class TemperatureScaling(Scorer):
         return self.calibration_["temperature"]
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``max_i softmax(z / T)_i`` (N,), float64
-        (:func:`~etn_cli.heads.scorers.softmax_terms.max_probability`)."""
-        return max_probability(z, self.temperature_)
+        """``max_i softmax(z / T)_i`` (N,), float64 throughout
+        (:func:`~etn_cli.heads.scorers.softmax_terms.max_probability`): at a small T, float32
+        exponentials would round apart rows that float64 keeps distinct."""
+        return max_probability(z, self.temperature_, torch.float64)
 
     def _load_state(self, tensors: dict[str, torch.Tensor]) -> None:
         if "temperature" in tensors and self.calibration_ is None:  # saved before issue 29
