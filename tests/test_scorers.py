@@ -86,6 +86,17 @@ def test_gen_and_entropy_of_confident_rows_keep_the_other_classes_mass():
     assert ((1.0 - p.max(1)) == 0).all()  # the naive formula would give gen's top term 0
 
 
+@pytest.mark.parametrize("name", ["map", "energy", "max_logit", "entropy", "gen", "temperature"])
+def test_a_logit_only_head_neither_reads_nor_scans_the_hidden_states(name, data):
+    unread = np.full_like(data.h_fit, np.nan)  # a NaN here would be refused if it were read
+    head = heads.get(name)().fit(unread, data.z_fit, data.y_fit)
+    plain = heads.get(name)().fit(data.h_fit, data.z_fit, data.y_fit)
+    test_unread = np.full_like(data.h_test, np.nan)
+    np.testing.assert_array_equal(
+        head.score(test_unread, data.z_test), plain.score(data.h_test, data.z_test)
+    )
+
+
 def test_temperature_minimises_the_adaptation_nll(data):
     head = fitted("temperature", data)
     t = float(head.temperature_)

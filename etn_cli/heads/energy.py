@@ -27,7 +27,7 @@ class Energy(Head):
     label = "Energy"
     family = "posthoc"
     seed_free = True
-    reads_fit_rows = False
+    reads_fit_rows = reads_hidden = False
     own_score = "energy"
     Config = EnergyConfig
 

@@ -17,7 +17,7 @@ class MAP(Head):
     label = "MAP"
     family = "posthoc"
     seed_free = True
-    reads_fit_rows = False
+    reads_fit_rows = reads_hidden = False
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         return None

@@ -18,7 +18,7 @@ class MaxLogit(Scorer):
     Real-World Settings", ICML 2022): ``mls = max_i z_i``, higher = more ID."""
 
     name = "max_logit"
-    reads_fit_rows = False
+    reads_fit_rows = reads_hidden = False
     label = "Max logit"
     score_name = "mls"
 
@@ -33,7 +33,7 @@ class Entropy(Scorer):
     OpenOOD list beside MSP)."""
 
     name = "entropy"
-    reads_fit_rows = False
+    reads_fit_rows = reads_hidden = False
     label = "Entropy"
     score_name = "entropy"
     higher_means_id = False
@@ -66,7 +66,7 @@ class GEN(Scorer):
     except where it clips)."""
 
     name = "gen"
-    reads_fit_rows = False
+    reads_fit_rows = reads_hidden = False
     label = "GEN"
     Config = GENConfig
     score_name = "gen"

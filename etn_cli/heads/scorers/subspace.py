@@ -29,7 +29,7 @@ from etn_cli.heads.scorers.statistics import (
     symmetric_eigenvectors,
 )
 
-RESIDUAL_CELLS = 1 << 18  # values of (h - u) R per block: small blocks reuse freed memory
+RESIDUAL_CELLS = 1 << 20  # values of (h - u) R per block: 4-8 MiB temporaries, reused
 
 
 def principal_dim(dim: int, features: int) -> int:

@@ -28,6 +28,7 @@ class TemperatureScaling(Scorer):
     name = "temperature"
     label = "Temperature scaling"
     score_name = "mp"
+    reads_hidden = False
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
         if torch.unique(y).numel() < 2:
