@@ -15,10 +15,11 @@ finite optimum as on real data:
 ``--fit-rows`` / ``--test-rows`` shrink a shape for a quick look. Each scorer is fitted with
 its defaults and asked for its own score only (``head.score``); pytorch-ood's detector gets the
 same settings (k, percentiles, sparsity, d, ...) and the same tensors, fit + predict. The two
-are timed alternately, ``--repeats`` times each (best of; a pair already 3x apart after the
-first round is not repeated). The reference is **one test x D x C product** (``X_test W^T``,
-best of the repeats): a scorer "keeps up" when its time is at most pytorch-ood's plus twice that
-product (the noise floor of the cheapest scorers, which read only the logits).
+are timed alternately, ``--repeats`` times each (best of; 15 times when both take under half a
+second, once when both take over a second and are 3x apart after the first round). The
+reference is **one test x D x C product** (``X_test W^T``, best of the repeats): a scorer
+"keeps up" when its time is at most pytorch-ood's plus twice that product (the noise floor of
+the cheapest scorers, which read only the logits).
 
 pytorch-ood's detectors that cannot run at ImageNet size (DICE builds an (N, C, D) tensor, 82
 GB; Mahalanobis and RMD loop over the classes with a D x D product each; KNN goes through
@@ -48,7 +49,8 @@ from etn_cli.heads.scorers.base import Scorer
 from etn_cli.heads.scorers.neighbours import normalise, top_inner_products
 
 WRONG = 0.2  # share of labels that disagree with the classifier
-CLEAR = 3.0  # a pair this far apart after one round is not repeated
+CLEAR = 3.0  # a pair of slow ones this far apart after one round is not repeated
+CHEAP, CHEAP_ROUNDS = 0.5, 15  # seconds; rounds for pairs that both take less
 
 
 @dataclass(frozen=True)
@@ -185,19 +187,27 @@ def peers(shape: Shape, fit: tuple, test: tuple, clf: dict) -> dict[str, Callabl
 
 
 def best_of_pair(mine: Callable, theirs: Callable | None, repeats: int) -> tuple:
-    """Alternate the two, ``repeats`` rounds (one when they are ``CLEAR``ly apart or a peer
-    ran on fewer rows); the best time of each, and the peer's scaling factor."""
+    """Alternate the two: ``repeats`` rounds, ``CHEAP_ROUNDS`` when both take under
+    ``CHEAP`` seconds (milliseconds are the noisiest), one when both take over a second and
+    are ``CLEAR``ly apart or the peer ran on fewer rows. The best time of each, and the
+    peer's scaling factor."""
     our_s, their_s, factor = [], [], 1
-    for _ in range(repeats):
+    rounds = repeats
+    for round_ in range(CHEAP_ROUNDS):
         our_s.append(mine())
         gc.collect()
         if theirs is not None:
             seconds, factor = theirs()
             their_s.append(seconds)
             gc.collect()
-            ratio = our_s[0] / their_s[0]
-            if factor > 1 or not 1 / CLEAR < ratio < CLEAR:
-                break
+        if round_ == 0:
+            first = [our_s[0], *their_s]
+            if max(first) < CHEAP:
+                rounds = max(repeats, CHEAP_ROUNDS)
+            elif factor > 1 or (min(first) > 1.0 and max(first) > CLEAR * min(first)):
+                rounds = 1
+        if round_ + 1 >= rounds:
+            break
     return min(our_s), (min(their_s) if their_s else None), factor
 
 
