@@ -78,7 +78,7 @@ from etn_cli.stages.extract_ranks import open_share
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
 from etn_cli.store import Layout
 
-SHARD_ROWS = 65536  # [data] shard_rows' default: one shard here
+SHARD_ROWS = 8192  # [data] shard_rows' default
 
 try:  # run as a script: benchmarks/ is on sys.path
     from random_llama import LlamaShape, fixed_length_questions, save_random_llama

@@ -68,6 +68,19 @@ app.command(short_help="Which units of a pipeline are done, partial or missing."
 )
 
 
+def usage_errors() -> tuple[type[Exception], ...]:
+    """The exceptions of a usage error: typer 0.22 and later raise their own (a click of their
+    own inside), earlier typer click's; both where both are installed."""
+    found: list[type[Exception]] = []
+    if hasattr(typer, "TyperException"):
+        found.append(typer.TyperException)
+    try:
+        import click
+    except ImportError:  # typer with its own click needs none
+        return tuple(found)
+    return (*found, click.ClickException)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors exit 2 and domain errors 2, each as one line on stderr."""
     from etn_cli.cli_options import UsageError
@@ -83,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         sys.exit(130)
-    except typer.TyperException as err:  # usage errors of typer's own click
+    except usage_errors() as err:  # usage errors of the click typer runs on
         if type(err).__name__ == "NoArgsIsHelpError":  # `etn run` with nothing: its help
             print(err.format_message(), file=sys.stderr)
             sys.exit(2)

@@ -22,6 +22,7 @@ from etn_cli.cli_options import (
     Overrides,
     PipelineArg,
     Quiet,
+    UsageError,
     Verbose,
     check_format,
     only_heads,
@@ -85,7 +86,8 @@ def run(
     device: Device = None,
     format: FormatOption = "table",
     metric: Annotated[
-        str | None, typer.Option(metavar="METRIC", help="Show one metric (see `etn report`).")
+        str | None,
+        typer.Option("--metric", metavar="METRIC", help="Show one metric (see `etn report`)."),
     ] = None,
     overrides: Overrides = None,
     only: Only = None,
@@ -114,7 +116,7 @@ def run(
     )
     data = resolve_data_dir(data_dir)
     if dry_run:
-        typer.echo(dry_run_report(pipelines, data, options))
+        typer.echo(dry_run_report(pipelines, data, options, device))
         return
     outcomes = run_many(pipelines, data, device=device, options=options)
     if not is_main_process():
@@ -193,7 +195,9 @@ def import_command(
     classifier: Annotated[
         Path | None,
         typer.Option(
-            metavar="FILE", help="A .npz / .safetensors file with weight (C, D) and bias (C,)."
+            "--classifier",
+            metavar="FILE",
+            help="A .npz / .safetensors file with weight (C, D) and bias (C,).",
         ),
     ] = None,
 ) -> None:
@@ -258,15 +262,18 @@ def predict(
         ),
     ],
     head: Annotated[
-        str, typer.Option(metavar="HEAD", help="Head name, report label or folder name.")
+        str, typer.Option("--head", metavar="HEAD", help="Head name, report label or folder name.")
     ] = "etn",
-    seed: Annotated[int, typer.Option(metavar="SEED", help="The seed of the trained head.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="SEED", help="The seed of the trained head.")
+    ] = 0,
     out: Annotated[
         Path, typer.Option("--out", "-o", metavar="FILE", help="A .parquet or .csv file.")
     ] = Path("predictions.parquet"),
     threshold: Annotated[
         list[str] | None,
         typer.Option(
+            "--threshold",
             metavar="SCORE=VALUE",
             help="Repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5.",
         ),
@@ -274,12 +281,19 @@ def predict(
     data_dir: DataDir = None,
     device: Device = None,
     overrides: Overrides = None,
+    sets: Annotated[
+        bool,
+        typer.Option(
+            "--sets", help="Also print each row's conformal prediction set (needs [conformal])."
+        ),
+    ] = False,
 ) -> None:
     """Run a trained head on new inputs; write one row per input with every score.
 
     Inputs are an image folder, a JSONL file of questions or a dataset split (digits:test);
     the output (Parquet or CSV) holds the prediction, its probabilities and every
-    uncertainty score, plus flags for --threshold."""
+    uncertainty score, plus flags for --threshold and, with a [conformal] section, each row's
+    prediction set."""
     from etn_cli.stages.predict import output_format, parse_thresholds
     from etn_cli.stages.predict import predict as run_predict
 
@@ -287,5 +301,16 @@ def predict(
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
     plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    if sets and plan.pipeline.conformal is None:
+        raise UsageError(
+            f"--sets prints conformal prediction sets, but {pipeline} has no [conformal] "
+            'section. Add one (e.g. [conformal] method = "raps") and run etn run again.'
+        )
     options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
-    typer.echo(run_predict(plan, inputs, device=dev, **options).summary())
+    result = run_predict(plan, inputs, device=dev, **options)
+    if sets:
+        for name, members in zip(
+            result.frame["input"], result.frame["prediction_set"], strict=True
+        ):
+            typer.echo(f"{name}\t{members}")
+    typer.echo(result.summary())

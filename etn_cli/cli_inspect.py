@@ -17,6 +17,7 @@ from etn_cli.cli_options import (
     Only,
     Overrides,
     PipelineArg,
+    UsageError,
     check_format,
     choose,
     resolve_data_dir,
@@ -40,13 +41,29 @@ def report(
     metric: Annotated[
         str | None,
         typer.Option(
+            "--metric",
             metavar="METRIC",
             help="One metric's full table: aupr, auroc, fpr95, aupr_in, aupr_out (per score), "
-            "acc, ece, nll, brier, runtime. Default: the summary (ACC, ECE, AUROC, FPR95, AUPR).",
+            "acc, ece, nll, brier, aurc, eaurc, risk80, risk90, risk95 (selective prediction), "
+            "coverage, set_size (conformal sets), runtime. Default: the summary (ACC, ECE, "
+            "AUROC, FPR95, AUPR).",
         ),
     ] = None,
     overrides: Overrides = None,
     only: Only = None,
+    compare: Annotated[
+        str | None,
+        typer.Option(
+            metavar="METHOD",
+            help="Add paired differences against METHOD (a report label or head name, e.g. "
+            "ETN) with 95% bootstrap intervals over test rows and seeds; † marks the "
+            "significant ones. Pipeline files only.",
+        ),
+    ] = None,
+    bootstrap: Annotated[
+        int,
+        typer.Option(metavar="N", min=100, help="Bootstrap replicates for --compare."),
+    ] = 1000,
 ) -> None:
     """Print the results table of pipelines or metrics files and write tables and plots.
 
@@ -60,11 +77,18 @@ def report(
     refuse_under_torchrun("report")
     fmt, metric = check_format(format), check_metric(metric)
     parquet = [p for p in sources if p.suffix == ".parquet"]
+    if compare is not None and parquet:
+        raise UsageError(
+            f"--compare needs pipeline files (it reads their per-row predictions), got "
+            f"{parquet[0]}. Pass the pipeline file instead, e.g. etn report P.toml --compare ETN."
+        )
     tables, written = [], []
     for source in sources:
         if source.suffix != ".parquet":
             plan = load_plan(source, data_dir, overrides, only, read_only=True)
-            table, files = run_report(plan, fmt=fmt, metric=metric)
+            table, files = run_report(
+                plan, fmt=fmt, metric=metric, compare=compare, bootstrap=bootstrap
+            )
             tables.append(table)
             written += files
     if parquet:
@@ -116,7 +140,7 @@ def list_names(
         str, typer.Argument(metavar="WHAT", help="heads, backbones, datasets or pipelines.")
     ],
     folder: Annotated[
-        Path, typer.Option(metavar="DIR", help="Where to look for pipelines.")
+        Path, typer.Option("--folder", metavar="DIR", help="Where to look for pipelines.")
     ] = Path("pipelines"),
 ) -> None:
     """List the registered heads (with their family and needs), backbones, datasets, or the

@@ -54,7 +54,9 @@ DataDir = Annotated[
 Device = Annotated[
     str | None,
     typer.Option(
-        metavar="DEVICE", help="cpu, cuda, cuda:1 … (default: the pipeline's `device`, else auto)."
+        "--device",
+        metavar="DEVICE",
+        help="cpu, cuda, cuda:1 … (default: the pipeline's `device`, else auto).",
     ),
 ]
 PipelineArg = Annotated[
@@ -80,7 +82,9 @@ Overrides = Annotated[
 Only = Annotated[
     str | None,
     typer.Option(
-        metavar="HEADS", help="Comma-separated head names or labels to keep, e.g. etn,map."
+        "--only",
+        metavar="HEADS",
+        help="Comma-separated head names or labels to keep, e.g. etn,map.",
     ),
 ]
 FormatOption = Annotated[

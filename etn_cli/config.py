@@ -102,6 +102,11 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lower_percentile": PERCENT,
     "upper_percentile": PERCENT,
     "sparsity": (lambda v: 0 <= v < 100, "a percentage in [0, 100)"),
+    # [conformal]: the miscoverage, the calibration share of a split, RAPS's regulariser
+    "alpha": (lambda v: 0 < v < 1, "a probability in (0, 1), e.g. 0.1"),
+    "holdout": (lambda v: 0 < v < 1, "a share in (0, 1), e.g. 0.2"),
+    "penalty": NON_NEGATIVE,
+    "k_reg": (lambda v: v >= 0, "an integer >= 0"),
 }
 
 

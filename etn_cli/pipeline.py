@@ -18,7 +18,8 @@ user wrote from their own model ("bring your own features"); extract is then ski
 
 Optional tables: ``[data.options.<dataset>]`` passes options to one dataset (``download =
 true``, ``size = 64``, ...); ``[finetune]`` trains the backbone first (``etn finetune``, stage
-zero) on ``split`` of the ID dataset, every other key being a setting the backbone checks.
+zero) on ``split`` of the ID dataset, every other key being a setting the backbone checks;
+``[conformal]`` adds conformal prediction sets to the evaluation (:class:`ConformalSpec`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class DataSpec:
     grouping: Literal["paper", "openood"] = "paper"
     root: str | None = None  # where datasets that need files on disk look for them
     batch_size: int = 256
-    shard_rows: int = 65536
+    shard_rows: int = 8192  # 100 MB at ResNet-50 width: shards written while extraction runs
     # data-loading processes for extract (torchvision backbones): a number, or "auto"
     workers: int | Literal["auto"] = 0
     options: dict = field(default_factory=dict)  # dataset name -> its options table
@@ -148,6 +149,27 @@ class FinetuneSpec:
 
 
 @dataclass(frozen=True)
+class ConformalSpec:
+    """``[conformal]``: split conformal prediction sets for every head
+    (:mod:`etn_cli.metrics.conformal`), calibrated on ``split`` of the ID dataset.
+
+    By default (``split`` unset) the calibration rows are a held-out part (``holdout``) of the
+    adaptation split that no head is fitted on. ``split = "test"`` calibrates on a held-out
+    part of the test split instead and measures the sets on the rest of it (the heads are
+    then fitted as without the section); any other split of the ID dataset (a ``[features]``
+    pipeline: a shard folder) is used whole."""
+
+    method: Literal["lac", "aps", "raps"] = "raps"
+    alpha: float = 0.1
+    split: str | None = None
+    holdout: float = 0.2
+    penalty: float = 0.01  # RAPS's lambda
+    k_reg: int = 5  # RAPS: ranks up to k_reg are not penalised
+    randomized: bool = True  # APS and RAPS: u ~ U[0, 1] per row (exact coverage)
+    seed: int = 0  # the held-out rows and the uniform draws
+
+
+@dataclass(frozen=True)
 class HeadSpec:
     name: str
     settings: dict[str, Any] = field(default_factory=dict)
@@ -167,6 +189,7 @@ class Pipeline:
     data: DataSpec | None = None
     features: FeaturesSpec | None = None
     finetune: FinetuneSpec | None = None
+    conformal: ConformalSpec | None = None
     device: str = "auto"
     # what the command line changed: ``--set KEY=VALUE`` overrides and ``--only`` heads; a
     # run with either reports into its own folder (:func:`etn_cli.overrides.selection_key`)
@@ -188,6 +211,7 @@ TOP_LEVEL = (
     "data",
     "features",
     "finetune",
+    "conformal",
     "heads",
 )
 
@@ -266,6 +290,9 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
         if "features" in raw
         else None,
         finetune=parse_finetune(raw, path) if "finetune" in raw else None,
+        conformal=build_config(ConformalSpec, _table(raw, "conformal", path), f"{path} [conformal]")
+        if "conformal" in raw
+        else None,
         device=raw.get("device", "auto"),
     )
 

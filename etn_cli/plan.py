@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HEAD_FORMAT
@@ -31,7 +33,8 @@ from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit,
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 4  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins
+METRICS_VERSION = 5  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins;
+# 5: timing repeats, selective prediction, per-row predictions, conformal sets
 SUBSAMPLE_SEED = 0  # fixes the rows that ``fit_rows`` keeps
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights
@@ -88,11 +91,16 @@ def open_source(pipeline: Pipeline, dataset: str) -> Any:
 
 
 def load_unit_split(pipeline: Pipeline, unit: FeatureUnit) -> Any:
-    """The dataset split a feature unit extracts: the whole split, or for ``fit_rows`` a
-    seeded subsample of it (:func:`etn_cli.datasets.base.subsample`)."""
-    from etn_cli.datasets.base import subsample
+    """The dataset split a feature unit extracts: the whole split, for ``fit_rows`` a seeded
+    subsample of it (:func:`etn_cli.datasets.base.subsample`), or for a ``part`` the rows kept
+    for fitting or held out for conformal calibration."""
+    from etn_cli.datasets.base import held_out, select_rows, subsample
 
     split = open_source(pipeline, unit.dataset).load_split(unit.split)
+    if unit.part is not None:
+        which, fraction, seed = unit.part
+        held = held_out(len(split), fraction, seed)
+        return select_rows(split, np.flatnonzero(held if which == "holdout" else ~held))
     return subsample(split, unit.rows, SUBSAMPLE_SEED) if unit.rows else split
 
 
@@ -183,8 +191,8 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     data = pipeline.data
 
     def unit(
-        role: str, dataset: str, split: str, name: str, rows: int | None = None
-    ) -> FeatureUnit:
+        role: str, dataset: str, split: str, name: str, rows: int | None = None, part=None
+    ) -> FeatureUnit:  # noqa: ANN001
         source = checked_source(pipeline, dataset, split)
         fp = {
             "backbone": backbone_fp,
@@ -193,8 +201,10 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
             "source": source.split_fingerprint(split),
             "extract_version": EXTRACT_VERSION,
         } | ({"rows": rows, "row_seed": SUBSAMPLE_SEED} if rows else {})
-        folder = root / f"{dataset}.{split}-{fingerprint_key(fp)}"
-        return FeatureUnit(role, name, folder, dataset, split, fp, rows)
+        fp |= {"part": list(part)} if part else {}
+        suffix = f".{part[0]}" if part else ""
+        folder = root / f"{dataset}.{split}{suffix}-{fingerprint_key(fp)}"
+        return FeatureUnit(role, name, folder, dataset, split, fp, rows, part)
 
     names = [open_source(pipeline, ds).display_name(sp) for ds, sp in data.ood_sources()]
     ood = [unit("ood", ds, sp, n) for (ds, sp), n in zip(data.ood_sources(), names, strict=True)]
@@ -202,12 +212,22 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     fit = (
         unit("fit", data.id, data.fit, f"{id_name}:{data.fit}", data.fit_rows) if data.fit else None
     )
+    adapt, calibration = unit("adapt", data.id, data.adapt, id_name), None
+    conformal = pipeline.conformal
+    if conformal is not None and (conformal.split or data.adapt) == data.adapt:
+        part = (conformal.holdout, conformal.seed)  # the heads never see the held-out rows
+        adapt = unit("adapt", data.id, data.adapt, id_name, part=("fit", *part))
+        name = f"{id_name}:{data.adapt} (held out)"
+        calibration = unit("calibration", data.id, data.adapt, name, part=("holdout", *part))
+    elif conformal is not None and conformal.split != data.test:
+        calibration = unit("calibration", data.id, conformal.split, f"{id_name}:{conformal.split}")
     return Plan(
         pipeline=pipeline,
         data_dir=data_dir,
         backbone_name=pipeline.backbone,
         id_dataset=id_name,
-        adapt=unit("adapt", data.id, data.adapt, id_name),
+        calibration=calibration,
+        adapt=adapt,
         test=unit("test", data.id, data.test, id_name),
         ood=ood,
         classifier_path=root / "classifier.safetensors",
@@ -294,6 +314,9 @@ def _metrics_unit(plan: Plan, unit: HeadUnit) -> MetricsUnit:
         "ood": {u.name: u.key for u in plan.ood},
         "metrics_version": METRICS_VERSION,
     } | ({"groups": plan.groups} if plan.groups else {})
+    if plan.pipeline.conformal is not None:  # the sets change with their settings and rows
+        calibration = plan.calibration.key if plan.calibration else "test"
+        fp["conformal"] = config_dict(plan.pipeline.conformal) | {"calibration": calibration}
     key = fingerprint_key(fp)
     path = plan.data_dir / "metrics" / plan.pipeline.name / f"{unit.head.name}-{key}.parquet"
     return MetricsUnit(unit, path, key)

@@ -54,6 +54,24 @@ def own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
         fit=unit("fit", spec.fit, Path(spec.fit).stem) if spec.fit else None,
         groups=group_of(spec.groups, names),
     )
+    plan.calibration = own_calibration(pipeline, spec, unit)
     plan.classifier_source = units.classifier_source(pipeline, plan)
     plan.classifier_path = units.classifier_path(store, plan.classifier_source)
     return plan
+
+
+def own_calibration(pipeline: Pipeline, spec: object, unit: object) -> FeatureUnit | None:
+    """``[conformal]``'s calibration features of a ``[features]`` pipeline: a folder (or
+    file) of its own, or None for a held-out part of the test folder (``split = "test"``).
+    Holding rows of the adaptation folder out of head fitting needs etn to extract them, so
+    the default is refused with what to write instead."""
+    conformal = pipeline.conformal
+    if conformal is None or conformal.split == "test":
+        return None
+    if conformal.split in (None, "adapt", spec.adapt):  # type: ignore[attr-defined]
+        raise EtnError(
+            f"{pipeline.path} [conformal] needs calibration rows no head was fitted on; with "
+            '[features], write split = "test" (a held-out part of the test folder) or split = '
+            '"<folder or file of calibration features>".'
+        )
+    return unit("calibration", conformal.split, "calibration")  # type: ignore[operator]

@@ -16,13 +16,16 @@ from etn_cli.pipeline import Pipeline
 class FeatureUnit:
     """One (backbone, dataset, split) of cached features."""
 
-    role: str  # "adapt", "fit", "test" or "ood"
+    role: str  # "adapt", "fit", "test", "ood" or "calibration"
     name: str  # the eval-set name in reports
     path: Path
     dataset: str = ""
     split: str = ""
     fingerprint: dict[str, Any] | None = None  # None: the user's own shards
     rows: int | None = None  # extract a seeded subsample of this many rows (``fit_rows``)
+    # ("fit" | "holdout", fraction, seed): the rows of the split kept for fitting, or the
+    # held-out rows that calibrate conformal sets ([conformal] on the adaptation split)
+    part: tuple[str, float, int] | None = None
 
     @property
     def key(self) -> str:
@@ -81,10 +84,12 @@ class Plan:
     # one line per head left out for want of one
     classifier_source: dict[str, Any] | None = None
     skipped: list[str] = field(default_factory=list)
+    calibration: FeatureUnit | None = None  # [conformal]'s rows, unless part of the test split
 
     @property
     def feature_units(self) -> list[FeatureUnit]:
-        return [self.adapt, *([self.fit] if self.fit else []), self.test, *self.ood]
+        extra = [u for u in (self.fit, self.calibration) if u is not None]
+        return [self.adapt, *extra, self.test, *self.ood]
 
     def fit_unit(self, head: Any) -> FeatureUnit:
         """The split ``head`` is fitted on: ``fit`` for heads that estimate ID statistics

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import torch
 
 
 @dataclass
@@ -66,3 +67,48 @@ def make_features(
 def features_factory():
     """``make_features`` as a fixture, so test modules need not import this file."""
     return make_features
+
+
+@pytest.fixture
+def meta_as_accelerator(monkeypatch):
+    """PyTorch's ``meta`` device as a stand-in for a GPU on a CPU-only machine: a ``meta`` tensor
+    has a shape and no values, and an operation mixing it with a CPU tensor raises, as mixing
+    a CUDA and a CPU tensor does. What a GPU allows and ``meta`` cannot do, reading values back
+    to the host (``.cpu()``, ``.item()``, ``bool``, ``float``, ``int``), gives ones of the
+    right shape here, so a computation runs to its end; ``.numpy()`` of a device tensor raises
+    as on a GPU."""
+    real_cpu, real_to, real_item = torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.item
+
+    def ones(t: torch.Tensor) -> torch.Tensor:  # ones: positive where values must be
+        return torch.ones(t.shape, dtype=t.dtype, device="cpu")
+
+    def cpu(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return ones(self) if self.is_meta else real_cpu(self, *args, **kwargs)
+
+    def to(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        target = kwargs.get("device", args[0] if args else None)
+        if self.is_meta and isinstance(target, str | torch.device):
+            if torch.device(target).type == "cpu":
+                return real_to(ones(self), *args, **kwargs)
+        return real_to(self, *args, **kwargs)
+
+    def item(self):  # noqa: ANN001, ANN202
+        return real_item(ones(self)) if self.is_meta else real_item(self)
+
+    def tolist(self, real=torch.Tensor.tolist):  # noqa: ANN001, ANN202
+        return real(ones(self)) if self.is_meta else real(self)
+
+    def truth(self, real=torch.Tensor.__bool__):  # noqa: ANN001, ANN202
+        return bool(real_item(ones(self))) if self.is_meta else real(self)
+
+    def number(self, real=torch.Tensor.__float__):  # noqa: ANN001, ANN202
+        return float(real_item(ones(self))) if self.is_meta else real(self)
+
+    def integer(self, real=torch.Tensor.__int__):  # noqa: ANN001, ANN202
+        return int(real_item(ones(self))) if self.is_meta else real(self)
+
+    readbacks = {"cpu": cpu, "to": to, "item": item, "tolist": tolist, "__bool__": truth}
+    for name, method in (readbacks | {"__float__": number, "__int__": integer}).items():
+        monkeypatch.setattr(torch.Tensor, name, method)
+    # a GPU's nonzero synchronises and counts; meta cannot count: assume every element
+    monkeypatch.setattr(torch.fx.experimental._config, "meta_nonzero_assume_all_nonzero", True)

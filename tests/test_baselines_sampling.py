@@ -20,7 +20,7 @@ from etn_cli.heads import Head
 from etn_cli.heads.dmm import DMM, belief_matching_loss
 from etn_cli.heads.duq import DUQ
 from etn_cli.heads.ensemble import Ensemble
-from etn_cli.heads.mcd import MCDropout, keep_masks, row_keys
+from etn_cli.heads.mcd import MCDropout, keep_masks, seed_key
 from etn_cli.heads.odin import ODIN
 from etn_cli.heads.sngp import SNGP
 
@@ -47,18 +47,25 @@ def test_mc_dropout_gives_every_sample_positive_mi(data):
     assert (head.predict(data.hidden, data.logits).scores["mi"] > 1e-6).all()
 
 
-def test_mc_dropout_masks_keep_a_fraction_one_minus_p_and_depend_on_seed_and_row(data):
-    keys = row_keys(data.hidden, seed=0)
-    keep = keep_masks(keys, passes=20, width=16, p=0.3)  # (S, N, D): 64,000 draws
-    assert keep.shape == (20, 200, 16)
+def test_mc_dropout_masks_keep_a_fraction_one_minus_p_and_depend_on_the_seed_alone(data):
+    keep = keep_masks(seed_key(0), passes=2000, width=32, p=0.3)  # (S, 1, D): 64,000 draws
+    assert keep.shape == (2000, 1, 32)
     assert abs(keep.mean() - 0.7) < 4 * np.sqrt(0.21 / keep.size)
-    assert not np.array_equal(keep[:, 0], keep[:, 1])  # rows differ
     assert not np.array_equal(keep[0], keep[1])  # passes differ
-    assert not np.array_equal(keep, keep_masks(row_keys(data.hidden, 1), 20, 16, 0.3))
-    same_row = np.repeat(data.hidden[:1], 2, axis=0)
-    twice = keep_masks(row_keys(same_row, 0), 20, 16, 0.3)
-    np.testing.assert_array_equal(twice[:, 0], keep[:, 0])
-    np.testing.assert_array_equal(twice[:, 1], keep[:, 0])
+    assert not np.array_equal(keep, keep_masks(seed_key(1), 2000, 32, 0.3))
+    np.testing.assert_array_equal(keep, keep_masks(seed_key(0), 2000, 32, 0.3))
+
+
+def test_mc_dropout_is_the_average_of_s_dropout_networks_shared_by_every_row(data):
+    head = MCDropout(p=0.3, passes=5, seed=3)
+    head.fit(data.hidden, data.logits, data.labels, classifier=data.classifier)
+    keep = keep_masks(seed_key(3), 5, 16, 0.3)[:, 0]  # (S, D)
+    logits = np.einsum("nd,sd,cd->snc", data.hidden.astype(np.float64), keep / 0.7, data.weight)
+    expected = softmax(logits + data.bias, axis=2).mean(0)
+    pred = head.predict(data.hidden, data.logits)
+    np.testing.assert_allclose(pred.probs, expected, rtol=1e-6, atol=1e-9)
+    alone = head.predict(data.hidden[7:8], data.logits[7:8])  # the same row in any batch
+    np.testing.assert_allclose(alone.probs[0], pred.probs[7], rtol=1e-12, atol=0)
 
 
 def test_mc_dropout_refuses_a_classifier_of_the_wrong_shape(data):
@@ -305,3 +312,13 @@ def test_extract_options_change_the_fingerprint_but_not_the_cached_weights(backb
     assert plain.fingerprint() != backbone.fingerprint()
     hidden, logits, extras = plain.extract_batch(torch.zeros(2, 1, 8, 8))
     assert extras == {} and hidden.shape == (2, SMALL.hidden) and logits.shape == (2, 7)
+
+
+def test_digits_cnn_extracts_with_odin_on_another_device(backbone, images, meta_as_accelerator):
+    """The model moves to its device at the first forward pass, outside inference mode: ODIN
+    differentiates through weights moved there (``meta`` stands in for a GPU)."""
+    moved = digits_cnn.DigitsCNNBackbone(SMALL, backbone.cache_dir, device="meta")
+    assert next(moved.model.parameters()).device.type == "cpu"  # planning moves nothing
+    hidden, logits, extras = moved.extract_batch(images)
+    assert hidden.shape == (8, SMALL.hidden) and extras["odin"].shape == (8, 7)
+    assert next(moved.model.parameters()).is_meta

@@ -69,7 +69,7 @@ def test_the_centroid_update_equals_the_dense_one_either_way(rows):
         n_expected = net.gamma * n + (1 - net.gamma) * onehot.sum(0)
         dense = (net.embed(x) * onehot[:, None, :]).sum(0)  # every row under every map
         m_expected = net.gamma * m + (1 - net.gamma) * dense
-    net.update_centroids(x, y)
+    net.update_centroids(x, y, onehot)
     torch.testing.assert_close(net.N, n_expected, rtol=1e-12, atol=0)
     torch.testing.assert_close(net.m, m_expected, rtol=1e-12, atol=1e-14)
 

@@ -261,13 +261,14 @@ def test_a_kill_inside_a_metrics_write_never_leaves_a_truncated_parquet(
 ) -> None:
     pipeline, reference_data = reference
     data = tmp_path / "data"
-    shutil.copytree(reference_data, data, ignore=shutil.ignore_patterns("metrics"))
+    shutil.copytree(reference_data, data, ignore=shutil.ignore_patterns("metrics", "predictions"))
     command = [sys.executable, "-c", KILL_INSIDE_PARQUET_WRITE, str(pipeline), str(data)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr
-    folder = data / "metrics" / "tiny"
-    assert list(folder.glob("*.parquet")) == []  # the final name never holds half a file
-    (torn,) = folder.glob(".*.parquet.*.tmp")
+    # a unit writes its per-row predictions first, then its metrics file
+    folders = [data / "metrics" / "tiny", data / "predictions" / "tiny"]
+    assert [p for f in folders for p in f.glob("*.parquet")] == []  # never half a file
+    (torn,) = [p for f in folders for p in f.glob(".*.parquet.*.tmp")]
     found = verify(data)
     assert not found.damaged and [left.path for left in found.leftovers] == [torn]
     assert run_pipeline(pipeline, data).ok

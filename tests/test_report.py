@@ -172,29 +172,101 @@ def test_runtime_column_is_absent_without_timing_columns(metrics):
     assert "Runtime ms" not in paper_table(summarize(metrics)).columns
 
 
-def test_methods_sharing_a_colour_get_clearly_different_markers():
-    from etn_cli.report.plots import MARKERS, method_styles
+def _frontier_rows(timings: dict[str, list[float]]) -> pl.DataFrame:
+    """Three seeds of four methods: ETN and its temperature-scaled twin give one result, MAP's
+    max probability and KNN's own score share an accuracy but not a quality."""
+    methods = {  # label: (method, family, accuracy, {score: quality})
+        "ETN": ("etn", "evidential", 0.95, {"mp": 0.80, "mi": 0.90}),
+        "ETN + TS": ("etn", "evidential", 0.95, {"mp": 0.80, "mi": 0.90}),
+        "MAP": ("map", "posthoc", 0.97, {"mp": 0.85}),
+        "KNN": ("knn", "posthoc", 0.97, {"mp": 0.85, "knn": 0.88}),
+    }
+    rows = []
+    for label, (method, family, acc, scores) in methods.items():
+        for seed in range(3):
+            base = {"pipeline": "p", "backbone": "b", "id_dataset": "digits", "method": method,
+                    "method_label": label, "variant": "", "family": family, "seed": seed,
+                    "note": None, "ood_group": None, "backbone_s_per_sample": 0.0,
+                    "backbone_passes": 1, "inference_s_repeats": timings[label],
+                    "inference_s_per_sample": float(np.median(timings[label]))}  # fmt: skip
+            rows.append(base | {"eval_set": "digits", "task": "id", "metric": "acc",
+                                "score": None, "value": acc})  # fmt: skip
+            rows += [
+                base
+                | {
+                    "eval_set": "noise",
+                    "task": "ood",
+                    "metric": "aupr",
+                    "score": score,
+                    "value": value + 0.001 * seed,
+                }  # fmt: skip
+                for score, value in scores.items()
+            ]
+    return pl.DataFrame(rows)
 
-    assert not {"h", "H", "8", "p"} & set(MARKERS)  # circle-like shapes beside "o"
-    styles = method_styles([f"m{i}" for i in range(40)])
-    pairs = {(s["color"], s["marker"]) for s in styles.values()}
-    assert len(pairs) == 40
-    for color in {s["color"] for s in styles.values()}:
-        markers = [s["marker"] for s in styles.values() if s["color"] == color]
-        assert len(set(markers)) == len(markers), (color, markers)
+
+def test_the_frontier_draws_each_distinct_result_once_with_the_headline_score():
+    from etn_cli.report.frontier import distinct_results
+
+    frame = _frontier_rows(dict.fromkeys(["ETN", "ETN + TS", "MAP", "KNN"], [1e-4]))
+    results, ood_set = distinct_results(frame, summarize(frame), "aupr")
+    assert ood_set == "noise"
+    by_name = {r.label: r for r in results}
+    assert set(by_name) == {"ETN, ETN + TS", "MAP", "KNN"}  # one marker for the twins
+    # the score is fixed in advance (own score, else MP), never the best on the test set:
+    # ETN's MI (90.1) is better than its MP, yet MP is drawn
+    assert by_name["ETN, ETN + TS"].quality == pytest.approx(80.1)
+    assert by_name["KNN"].quality == pytest.approx(88.1)  # its own score
+    assert by_name["MAP"].acc == by_name["KNN"].acc == pytest.approx(97.0)  # no sideways spread
 
 
-def test_points_sharing_an_accuracy_are_spread_sideways_deterministically():
-    from etn_cli.report.plots import spread
+def test_the_pareto_front_keeps_exactly_the_undominated_points():
+    from etn_cli.report.frontier import pareto_front
 
-    x = np.array([97.5] * 6 + [98.0])
-    y = np.array([88.9, 88.9, 88.9, 91.0, 70.0, 88.95, 88.9])
-    offsets = spread(x, y, width=0.02, height=0.5)
-    assert offsets[6] == 0.0  # an accuracy of its own stays put
-    assert offsets[4] == 0.0 and offsets[3] == 0.0  # alone at their height
-    close = offsets[[0, 1, 2, 5]]
-    assert len(set(np.round(close, 6))) == 4 and np.abs(close).max() <= 0.04 + 1e-9
-    assert np.array_equal(offsets, spread(x, y, width=0.02, height=0.5))
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 6, 40).astype(float), rng.integers(0, 6, 40).astype(float)
+    front = set(pareto_front(x, y).tolist())
+    for i in range(40):
+        beaten = any(x[j] >= x[i] and y[j] >= y[i] and (x[j], y[j]) != (x[i], y[i])
+                     for j in range(40))  # fmt: skip
+        assert (i in front) == (not beaten)
+
+
+def _drawn_axes(monkeypatch, frame, tmp_path) -> list:  # noqa: ANN001
+    import etn_cli.report.plots as plots
+    from etn_cli.report.frontier import frontier_plot
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda figure, folder, stem: figures.append(figure) or [])
+    frontier_plot(frame, tmp_path, "aupr")
+    return [ax for ax in figures[0].axes if ax.get_visible()]
+
+
+def test_the_runtime_panel_is_drawn_only_when_timings_are_told_apart(monkeypatch, tmp_path):
+    noise = [1.0e-3, 1.4e-3, 2.3e-3]  # one cost, measured on a loaded machine
+    same = dict.fromkeys(["ETN", "ETN + TS", "MAP", "KNN"], noise)
+    assert len(_drawn_axes(monkeypatch, _frontier_rows(same), tmp_path)) == 1
+    apart = same | {"KNN": [9e-3, 9.5e-3, 1.1e-2]}  # slower on every repeat
+    axes = _drawn_axes(monkeypatch, _frontier_rows(apart), tmp_path)
+    assert len(axes) == 2 and "inference time" in axes[1].get_xlabel()
+
+
+def test_one_accuracy_for_every_method_gives_a_ranked_dot_plot(monkeypatch, tmp_path):
+    frame = _frontier_rows(dict.fromkeys(["ETN", "ETN + TS", "MAP", "KNN"], [1e-4]))
+    frame = frame.filter(pl.col("method") != "etn")  # MAP and KNN share their accuracy
+    (ax,) = _drawn_axes(monkeypatch, frame, tmp_path)
+    heights = {t.get_text(): t.get_position()[1] for t in ax.get_yticklabels()}
+    assert heights["KNN"] > heights["MAP"]  # the best at the top
+
+
+def test_heads_with_identical_reliability_bins_share_one_panel():
+    from etn_cli.report.reliability import shared_panels
+
+    bins = np.array([3.0, 0.0, 40.0]), np.array([0.2, np.nan, 0.9]), np.array([0.3, np.nan, 1.0])
+    other = bins[0], bins[1], np.array([0.3, np.nan, 0.95])
+    groups = shared_panels(["MAP", "ETN", "Energy", "KNN"],
+                           {"MAP": bins, "ETN": other, "Energy": bins, "KNN": bins})  # fmt: skip
+    assert groups == [["MAP", "Energy", "KNN"], ["ETN"]]
 
 
 def test_a_table_wider_than_the_terminal_is_cut_into_blocks_of_whole_eval_sets(metrics):

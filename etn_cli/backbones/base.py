@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -73,6 +73,16 @@ class Backbone:
         Backbones without such options return ``forward``'s outputs and no extras."""
         hidden, logits = self.forward(inputs)
         return hidden, logits, {}
+
+    def start_batch(
+        self, inputs: Any
+    ) -> Callable[[], tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]:
+        """Begin :meth:`extract_batch` on ``inputs``; the function returned waits for its
+        outputs on the host. A GPU backbone queues the work and copies the outputs back without
+        waiting, so extract can start the next batch before it stores this one; by default the
+        work is done here."""
+        outputs = self.extract_batch(inputs)
+        return lambda: outputs
 
     def manifest_extras(self, split: Split) -> dict[str, Any]:
         """What a split's manifest records about how this backbone read it, beyond the

@@ -274,7 +274,7 @@ class DigitsCNNBackbone(Backbone):
         with torch.random.fork_rng(devices=[]):  # the initial weights are overwritten anyway
             self.model = DigitsCNN(self.config, len(ID_CLASSES))
         self.folder = self.load()
-        self.model.to(self.device).eval()
+        self.model.eval()  # on the CPU until the first forward pass: planning moves nothing
         self.layer_modules = named_layers(self.model, self.config.layers)
 
     def load(self) -> Path:
@@ -345,9 +345,15 @@ class DigitsCNNBackbone(Backbone):
             yield inputs.float(), labels.long(), index[start:stop]
             start = stop
 
+    def on_device(self) -> DigitsCNN:
+        """The model on the backbone's device, moved there at first use (never while planning),
+        outside inference mode: ODIN differentiates through its weights."""
+        with torch.inference_mode(False):
+            return self.model.to(self.device).eval()
+
     @torch.inference_mode()
     def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.model.eval()
+        self.on_device()
         hidden = self.model.forward_features(inputs.to(self.device, torch.float32))  # (B, D)
         logits = self.model.classifier(hidden)  # (B, C)
         return hidden.float().cpu(), logits.float().cpu()
@@ -370,7 +376,7 @@ class DigitsCNNBackbone(Backbone):
         as the backbone reads them (pixels in [0, 1] here), without clipping.
         """
         t, eps = self.config.odin_temperature, self.config.odin_epsilon
-        self.model.eval()
+        self.on_device()
         x = inputs.to(self.device, torch.float32).detach().requires_grad_(True)
         with torch.enable_grad():
             scaled = self.model(x) / t  # (B, C)

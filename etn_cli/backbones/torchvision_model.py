@@ -293,6 +293,23 @@ class TorchvisionBackbone(Backbone):
             extras["odin"] = self.odin_logits(x)
         return hidden.cpu(), logits.cpu(), {k: v.cpu() for k, v in extras.items()}
 
+    def start_batch(self, inputs: torch.Tensor):  # noqa: ANN201 - Backbone.start_batch's
+        """:meth:`extract_batch` queued on the GPU, its outputs copied back into pinned host
+        memory without waiting; ODIN's gradient pass (and the CPU) run it at once."""
+        if self.device.type != "cuda" or self.config.odin:
+            return super().start_batch(inputs)
+        with torch.inference_mode():
+            hidden, logits, extras = self.run(self.prepare(inputs), with_layers=True)
+            host = [t.to("cpu", non_blocking=True) for t in (hidden, logits, *extras.values())]
+        copied = torch.cuda.Event()
+        copied.record()
+
+        def outputs() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+            copied.synchronize()
+            return host[0], host[1], dict(zip(extras, host[2:], strict=True))
+
+        return outputs
+
     def odin_logits(self, x: torch.Tensor) -> torch.Tensor:
         """ODIN's scaled logits at the perturbed input (Liang et al. 2018, Eq. 2), (B, C):
         ``x' = x - eps * sign(-grad_x log S_yhat(x; T)) / std``, ``S = softmax(f(x) / T)``,

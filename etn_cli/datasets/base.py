@@ -50,6 +50,27 @@ def subsample(split: Split, rows: int, seed: int) -> Split:
     )  # fmt: skip
 
 
+def select_rows(split: Split, positions: np.ndarray) -> Split:
+    """The split restricted to the rows at ``positions`` (sorted), ``index`` still naming each
+    sample's position in its source split."""
+    from torch.utils.data import Subset
+
+    positions = np.sort(np.asarray(positions, dtype=np.int64))
+    return Split(
+        split.dataset, split.split, Subset(split.data, positions.tolist()),
+        split.index[positions], split.num_classes, split.fingerprint,
+    )  # fmt: skip
+
+
+def held_out(n: int, fraction: float, seed: int) -> np.ndarray:
+    """Which of ``n`` rows form the calibration part (N,): ``round(fraction n)`` of them (at
+    least one, never all), drawn without replacement by ``seed``."""
+    count = min(max(round(fraction * n), 1), n - 1)
+    mask = np.zeros(n, dtype=bool)
+    mask[np.random.default_rng(seed).permutation(n)[:count]] = True
+    return mask
+
+
 def check_inputs(split: Split) -> None:
     """Check what can be checked of every input of ``split`` without reading it in full,
     before anything is extracted: a dataset of image files opens every image's header

@@ -165,7 +165,6 @@ class AdaTS(Head):
             lr=cfg.lr, seed=cfg.seed, device=device, desc="adats", select=cfg.select,
             class_scores=lambda h_, z_, y_: z_,
         ).record()  # fmt: skip
-        self.module_.cpu()
 
     def loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Per-sample loss (B,): negative ELBO of the conditional VAE plus the EDL term."""
@@ -191,10 +190,14 @@ class AdaTS(Head):
         ]
         return torch.cat(parts)
 
+    @property
+    def keeps_argmax(self) -> bool:
+        return True  # one positive temperature per row divides every logit
+
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         temperature = self.temperatures(h)  # (N,) float64
-        alpha = evidence(z.double() / temperature[:, None], self.module_.b.double()).numpy()
+        alpha = evidence(z.double() / temperature[:, None], self.module_.b.double()).cpu().numpy()
         probs = alpha / alpha.sum(1, keepdims=True)  # (N, C)
         return Prediction(probs, dirichlet_scores(alpha), alpha)
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -54,14 +55,49 @@ class Prediction:
 
 
 def predicted_class(probs: np.ndarray, logits: torch.Tensor) -> np.ndarray:
-    """``argmax`` of the probabilities, exact ties broken by the logits.
-
-    Far in the negative tail ``softplus(a z)`` underflows next to ``b`` and an evidential
-    head's probabilities can tie exactly; the logits keep their order there, so the scalar
-    transformation never changes the predicted class.
-    """
+    """``argmax`` of the probabilities, exact ties broken by the logits."""
     tied = probs >= probs.max(axis=1, keepdims=True)  # (N, C)
-    return np.where(tied, logits.double().numpy(), -np.inf).argmax(axis=1)
+    return np.where(tied, host(logits.double()), -np.inf).argmax(axis=1)
+
+
+def host(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array, from whatever device computed them."""
+    return t.detach().cpu().numpy()
+
+
+NOT_STATE_HOLDERS = (type, ModuleType, FunctionType, MethodType, BuiltinFunctionType)
+
+
+def moved(value: Any, device: torch.device, memo: dict[int, Any] | None = None) -> Any:
+    """``value`` with every tensor in it on ``device``: tensors, modules (as ``Module.to``),
+    parameters, and the dicts, lists, tuples and objects that hold them (a library's too, such
+    as laplace-torch's posterior: its attributes are moved, and a ``torch.device`` it recorded
+    becomes ``device``). Anything else is returned as it is; shared objects stay shared."""
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        return memo[id(value)]
+    if isinstance(value, torch.nn.Parameter):
+        result: Any = torch.nn.Parameter(value.data.to(device), value.requires_grad)
+    elif isinstance(value, torch.Tensor):
+        result = value.to(device)
+    elif isinstance(value, torch.device):
+        result = device
+    elif isinstance(value, torch.nn.Module):
+        result = value.to(device)
+    elif isinstance(value, dict):
+        result = type(value)((k, moved(v, device, memo)) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = [moved(v, device, memo) for v in value]
+        result = type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    elif hasattr(value, "__dict__") and not isinstance(value, NOT_STATE_HOLDERS):
+        memo[id(value)] = value  # cycles end here
+        for name, item in list(vars(value).items()):
+            object.__setattr__(value, name, moved(item, device, memo))
+        result = value
+    else:
+        result = value
+    memo[id(value)] = result
+    return result
 
 
 class Head:
@@ -102,6 +138,23 @@ class Head:
         self.selection_: Any = None  # trained heads: the kept checkpoint (training.Training)
 
     # ----------------------------------------------------------------- public interface
+    def to(self, device: str | torch.device) -> Head:
+        """Move the fitted state (every attribute ending in ``_``) to ``device``; returns the
+        head. The one place a head's state changes device: ``predict`` and ``score`` call it
+        for the device they are asked to compute on, and no head moves its own state."""
+        device = torch.device(device)
+        for name, value in list(vars(self).items()):
+            if name.endswith("_"):
+                setattr(self, name, moved(value, device))
+        return self
+
+    @property
+    def keeps_argmax(self) -> bool:
+        """Whether the head's transformation keeps the order of the logits (a positive scale
+        of them, as the scalar ETN, static scaling and temperature scaling): its predicted
+        class is then the classifier's argmax, whatever rounding does to the probabilities."""
+        return False
+
     @property
     def variant(self) -> str:
         """Short variant name for reports (``scalar``, ``vector`` …); empty when there is none."""
@@ -144,8 +197,9 @@ class Head:
             )
         self.n_features_, self.n_classes_ = h.shape[1], z.shape[1]
         self._fit(h, z, y, classifier=classifier, layers=extra, device=torch.device(device))
+        self.to(device)  # the fitted state, wherever ``_fit`` left it, on the fit's device
         if self.config.calibrate == "temperature":
-            raw = self._predict(h, z, layers=extra, device=torch.device(device))
+            raw = self._predict_on(device, h, z, extra)
             self.calibration_ = fit_temperature(raw.probs, y.numpy())
         return self
 
@@ -159,8 +213,11 @@ class Head:
     ) -> Prediction:
         """Probabilities, uncertainty scores and (evidential heads) alpha for N samples."""
         h, z, extra = self._checked_inputs(hidden, logits, layers)
-        prediction = self._predict(h, z, layers=extra, device=torch.device(device))
-        prediction.predictions = predicted_class(prediction.probs, z)
+        prediction = self._predict_on(device, h, z, extra)
+        if self.keeps_argmax:
+            prediction.predictions = host(z.argmax(dim=1))
+        else:
+            prediction.predictions = predicted_class(prediction.probs, z)
         if self.calibration_ is not None:  # after the argmax; the scores stay the head's own
             temperature = self.calibration_["temperature"]
             prediction.probs = apply_temperature(prediction.probs, temperature)
@@ -178,7 +235,17 @@ class Head:
         :data:`etn_cli.metrics.scores.HIGHER_MEANS_ID` says: what a detector is asked for.
         Heads that can skip the probabilities override ``_score``."""
         h, z, extra = self._checked_inputs(hidden, logits, layers)
-        return np.asarray(self._score(h, z, layers=extra, device=torch.device(device)), np.float64)
+        device = torch.device(device)
+        self.to(device)
+        h, z, extra = moved((h, z, extra), device)
+        return np.asarray(self._score(h, z, layers=extra, device=device), np.float64)
+
+    def _predict_on(self, device: str | torch.device, h, z, extra) -> Prediction:  # noqa: ANN001
+        """``_predict`` with the head and its inputs on ``device``."""
+        device = torch.device(device)
+        self.to(device)
+        h, z, extra = moved((h, z, extra), device)
+        return self._predict(h, z, layers=extra, device=device)
 
     def _checked_inputs(
         self, hidden: Any, logits: Any, layers: dict[str, Any] | None

@@ -128,7 +128,6 @@ class DMM(Head):
             seed=cfg.seed, device=device, weight_decay=cfg.weight_decay, desc="dmm",
             select=cfg.select, class_scores=lambda x_, y_: self.net_(x_),
         ).record()  # fmt: skip
-        self.net_.cpu()
 
     def _gather(self, h: torch.Tensor, layers: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = self._inputs(h, layers)
@@ -148,7 +147,7 @@ class DMM(Head):
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         net = copy.deepcopy(self.net_).double()  # float64: batch-independent to rounding
-        alpha = net(self._gather(h, layers).double()).exp().numpy()  # (N, C)
+        alpha = net(self._gather(h, layers).double()).exp().cpu().numpy()  # (N, C)
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
     def _state(self) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,7 @@ from torch.nn import functional as F
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.steps import Steps
 from etn_cli.heads.training import EVAL_ROWS, Training, progress
 
 
@@ -135,15 +137,16 @@ class RBFHead(nn.Module):
         return loss.detach()
 
     @torch.no_grad()
-    def update_centroids(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The EMA step with the batch's labels ``y`` (B,). With more classes than rows each
-        row is embedded only by its own class's map, ``W_{y_i} x_i`` (B x D x E, after copying
-        those B maps) instead of by all C of them; with at most as many classes as rows the
-        whole ``x W`` is cheaper than that copy (LLM shape: 10x)."""
-        counts = torch.bincount(y, minlength=len(self.N)).to(self.N.dtype)  # (C,)
+    def update_centroids(self, x: torch.Tensor, y: torch.Tensor, onehot: torch.Tensor) -> None:
+        """The EMA step with the batch's labels ``y`` (B,), one-hot ``onehot`` (B, C). With more
+        classes than rows each row is embedded only by its own class's map, ``W_{y_i} x_i``
+        (B x D x E, after copying those B maps) instead of by all C of them; with at most as
+        many classes as rows the whole ``x W`` is cheaper than that copy (LLM shape: 10x).
+        The counts are the one-hot column sums (exact), not ``bincount``, which reads the
+        largest label back to the host on a GPU."""
+        counts = onehot.sum(0).to(self.N.dtype)  # (C,)
         self.N.mul_(self.gamma).add_((1 - self.gamma) * counts)
         if len(self.N) <= len(y):
-            onehot = F.one_hot(y, len(self.N)).to(x.dtype)
             embedding_sum = torch.einsum("bec,bc->ec", self.embed(x), onehot)  # (E, C)
         else:
             own = self.W.unflatten(1, self.m.shape)[:, :, y]  # (D, E, B): W_{y_i}^T
@@ -182,35 +185,41 @@ class DUQ(Head):
             weight_decay=cfg.weight_decay,
             fused=True,
         )
-        schedule = torch.optim.lr_scheduler.MultiStepLR(
-            optimizer, list(cfg.lr_milestones), cfg.lr_decay
-        )
+        total = torch.zeros((), device=device)  # summed on the device: no sync per step
+
+        def step(batch: torch.Tensor, onehot_: torch.Tensor, labels_: torch.Tensor) -> None:
+            loss = net.loss_and_gradient(batch, onehot_, cfg.gradient_penalty)
+            optimizer.step()
+            net.update_centroids(batch, labels_, onehot_)  # after the step, as the reference
+            total.add_(loss * len(labels_))
+
+        runner = Steps(step, (x, onehot, labels), cfg.batch_size, [optimizer])
+        decays = Counter(cfg.lr_milestones)  # MultiStepLR: times lr_decay at each milestone
+        lr = cfg.lr
         order = torch.Generator().manual_seed(cfg.seed)
         training = Training(cfg.select if cfg.select != "last" else "loss")
         best: tuple = ((math.inf,), None)
         for epoch in progress(range(cfg.epochs), "duq"):
-            total = torch.zeros((), device=device)  # summed on the device: no sync per step
-            for idx in torch.randperm(len(x), generator=order).split(cfg.batch_size):
-                idx = idx.to(device)
-                batch = x[idx]
-                loss = net.loss_and_gradient(batch, onehot[idx], cfg.gradient_penalty)
-                optimizer.step()
-                net.update_centroids(batch, labels[idx])  # after the step, as the reference
-                total += loss * len(idx)
-            if not math.isfinite(total := total.item()):
+            total.zero_()
+            runner.set_lr(lr)
+            for idx in torch.randperm(len(x), generator=order).to(device).split(cfg.batch_size):
+                runner(idx)
+            if not math.isfinite(mean := total.item() / len(x)):
                 raise EtnError(
-                    f"duq: the loss became {total} in epoch {epoch + 1}. Lower lr or "
+                    f"duq: the loss became {mean} in epoch {epoch + 1}. Lower lr or "
                     "gradient_penalty, or check the features for extreme values."
                 )
-            schedule.step()
-            training.losses.append(total / len(x))
+            lr = lr * cfg.lr_decay ** decays[epoch + 1]
+            training.losses.append(mean)
             if cfg.select == "accuracy":
                 training.accuracies.append(self._accuracy(x, labels))
             if cfg.select == "last" or training.rank() < best[0]:
                 best = (training.rank(), copy.deepcopy(net.state_dict()))
                 training.epoch = epoch + 1
+        training.steps = runner.mode
+        runner.close()
         net.load_state_dict(best[1])
-        self.net_ = net.cpu()
+        self.net_ = net
         self.selection_ = training.record() | {"select": cfg.select}
 
     @torch.no_grad()
@@ -242,8 +251,8 @@ class DUQ(Head):
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         rows = max(1, 2**22 // (self.config.centroid_size * self.n_classes_))
         log_k = torch.cat([self.log_kernel(h[i : i + rows]) for i in range(0, len(h), rows)])
-        probs = torch.softmax(log_k, dim=1).numpy()  # (N, C): K_c / sum_k K_k
-        kernel = log_k.max(1).values.exp().numpy()  # (N,)
+        probs = torch.softmax(log_k, dim=1).cpu().numpy()  # (N, C): K_c / sum_k K_k
+        kernel = log_k.max(1).values.exp().cpu().numpy()  # (N,)
         return Prediction(probs, {"mp": probs.max(axis=1), "kernel": kernel})
 
     def _state(self) -> dict[str, torch.Tensor]:

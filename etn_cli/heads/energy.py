@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
-from etn_cli.heads.scorers.softmax_terms import energy
+from etn_cli.heads.scorers import softmax_terms
 from etn_cli.metrics.scores import probability_scores
 
 
@@ -28,6 +28,7 @@ class Energy(Head):
     family = "posthoc"
     seed_free = True
     reads_fit_rows = reads_hidden = False
+    keeps_argmax = True  # the softmax of the backbone's logits
     own_score = "energy"
     Config = EnergyConfig
 
@@ -37,11 +38,12 @@ class Energy(Head):
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         t = self.config.temperature
         z = z.double()
-        probs = torch.softmax(z, dim=1).numpy()
-        scores = probability_scores(probs) | {"energy": (t * torch.logsumexp(z / t, 1)).numpy()}
+        probs = torch.softmax(z, dim=1).cpu().numpy()
+        energy = (t * torch.logsumexp(z / t, 1)).cpu().numpy()
+        scores = probability_scores(probs) | {"energy": energy}
         return Prediction(probs, scores)
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
         """The energy alone, in one pass of row blocks
         (:func:`~etn_cli.heads.scorers.softmax_terms.energy`)."""
-        return energy(z, self.config.temperature).numpy()
+        return softmax_terms.energy(z, self.config.temperature).cpu().numpy()

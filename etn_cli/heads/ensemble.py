@@ -77,8 +77,8 @@ class Ensemble(Head):
                 class_scores=lambda h_, y_, layer=layer: layer(h_),
             )  # fmt: skip
             self.selection_.append(training.record())
-            weights.append(layer.weight.detach().cpu())
-            biases.append(layer.bias.detach().cpu())
+            weights.append(layer.weight.detach())
+            biases.append(layer.bias.detach())
         self.weight_ = torch.stack(weights)  # (M, C, D)
         self.bias_ = torch.stack(biases)  # (M, C)
 
@@ -99,8 +99,8 @@ class Ensemble(Head):
 
     def _chunk(self, h: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         logits = self.member_logits(h)  # (M, n, C)
-        probs = torch.softmax(logits.mean(0), dim=-1).numpy()  # (n, C)
-        return probs, sample_scores(torch.softmax(logits, dim=-1).numpy())["mi"]
+        probs = torch.softmax(logits.mean(0), dim=-1).cpu().numpy()  # (n, C)
+        return probs, sample_scores(torch.softmax(logits, dim=-1).cpu().numpy())["mi"]
 
     def _state(self) -> dict[str, torch.Tensor]:
         return {"weight": self.weight_, "bias": self.bias_}

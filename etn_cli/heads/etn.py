@@ -152,6 +152,11 @@ class ETN(Head):
     def is_matrix(self) -> bool:
         return self.config.variant == "matrix"
 
+    @property
+    def keeps_argmax(self) -> bool:
+        """The scalar variant scales every logit by the same positive draw (DESIGN §2)."""
+        return self.config.variant == "scalar"
+
     def _build(self, n_features: int, n_classes: int) -> None:
         cfg = self.config
         n_b = 1 if cfg.variant == "scalar" else n_classes
@@ -194,8 +199,6 @@ class ETN(Head):
         )  # fmt: skip
         self.history_ = training.losses  # the mean adaptation loss per epoch
         self.selection_ = training.record()
-        self.net_.cpu()
-        self.b_raw_ = module.b_raw.cpu()
 
     def loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Per-sample ETN loss (B,): MC expected negative log density + lambda * KL
@@ -255,16 +258,18 @@ class ETN(Head):
     def _predict_chunk(self, h: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         if self.is_matrix:
             mu, l_b, l_d = (t.double() for t in self.net_(h))  # (n, C, C) each
-            a = apply_softplus_diagonal(mu + l_d @ self.fixed_noise()[:, None] @ l_b.mT)
+            noise = self.fixed_noise().to(mu.device)
+            a = apply_softplus_diagonal(mu + l_d @ noise[:, None] @ l_b.mT)
             alpha = evidence(transform_logits(a, z.double()), self.b_.double())  # (M, n, C)
         elif self.config.variant == "vector":
             return self._predict_vector_chunk(h, z)
         else:
             shape, rate = self.net_(h)  # (n, K)
-            a = self.quantile_draws(shape.double().numpy(), rate.double().numpy())
-            alpha = evidence(torch.from_numpy(a) * z.double(), self.b_.double())  # (M, n, C)
+            a = self.quantile_draws(shape.double().cpu().numpy(), rate.double().cpu().numpy())
+            a = torch.from_numpy(a).to(z.device)  # scipy's quantiles, computed on the host
+            alpha = evidence(a * z.double(), self.b_.double())  # (M, n, C)
         probs = (alpha / alpha.sum(-1, keepdim=True)).mean(0)
-        return probs.numpy(), alpha.mean(0).numpy()
+        return probs.cpu().numpy(), alpha.mean(0).cpu().numpy()
 
     def _predict_vector_chunk(self, h: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, ...]:
         """The vector variant's draws of :meth:`quantile_draws`, from a table of the Gamma
@@ -275,14 +280,14 @@ class ETN(Head):
         quantiles = LevelGamma(shape, self.config.mc_samples)
         scale = z.double() / rate.double()
         b = self.b_.double()
-        probs = torch.zeros(scale.shape, dtype=torch.float64)
-        total = torch.zeros(scale.shape, dtype=torch.float64)
-        for level in torch.from_numpy(self.level_order()):  # (C,) per draw
+        probs = torch.zeros_like(scale)
+        total = torch.zeros_like(scale)
+        for level in torch.from_numpy(self.level_order()).to(scale.device):  # (C,) per draw
             alpha = evidence(quantiles(level).mul_(scale), b)  # (n, C)
             total += alpha
             probs.addcmul_(alpha, 1 / alpha.sum(-1, keepdim=True))
         m = self.config.mc_samples
-        return (probs / m).numpy(), (total / m).numpy()
+        return (probs / m).cpu().numpy(), (total / m).cpu().numpy()
 
     def quantile_draws(self, shape: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """M draws of ``a`` per row at the stratified quantiles ``(m - 1/2) / M`` (M, n, K).

@@ -43,6 +43,32 @@ from etn_cli.heads.etn import ETN
 from etn_cli.heads.matrix import apply_softplus_diagonal, sample_matrix_normal, transform_logits
 
 OFFSET_TOLERANCE = 1e-3  # in logit units
+
+
+BLOCK_ELEMENTS = 2**24  # Dirichlet parameters per block of the offset objective (64 MB)
+
+
+def merged(chunks: list[tuple[torch.Tensor, ...]], rows: int) -> list[tuple[torch.Tensor, ...]]:
+    """Consecutive ``(draws (M, n, ...), z (n, C), y (n,))`` chunks joined into blocks of at
+    most ``rows`` rows (whole chunks; a larger chunk stays alone): few, large operations per
+    objective value instead of one small set per batch."""
+    blocks, group, size = [], [], 0
+    for chunk in chunks:
+        if group and size + len(chunk[1]) > rows:
+            blocks.append(group)
+            group, size = [], 0
+        group.append(chunk)
+        size += len(chunk[1])
+    blocks.append(group)
+    return [(torch.cat([g[0] for g in b], 1), *(torch.cat([g[i] for g in b]) for i in (1, 2)))
+            for b in blocks if b]  # fmt: skip
+
+
+def rng_devices(device: torch.device) -> list[torch.device]:
+    """The devices whose random state a seeded block forks: a GPU's too, when it draws there."""
+    return [device] if device.type == "cuda" else []
+
+
 GRID_POINTS = 41
 
 
@@ -55,7 +81,8 @@ class OffsetETN(ETN):
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         centre = float(z.mean())
         super()._fit(h, z - centre, y, classifier=classifier, layers=layers, device=device)
-        self.offset_ = self.search_offset(h, z - centre, y) - centre
+        rows = (t.to(device) for t in (h, z - centre, y))  # where the trained network is
+        self.offset_ = self.search_offset(*rows) - centre
 
     def search_offset(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> float:
         """The ``c`` minimising the trained network's mean adaptation loss on ``z + c``."""
@@ -91,18 +118,20 @@ class OffsetETN(ETN):
         transformation are taken once, fixed by the seed, as :meth:`_mean_loss` takes them."""
         cfg, b = self.config, self.b_
         chunks = []
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=rng_devices(h.device)):
             torch.manual_seed(cfg.seed)
             for i in range(0, len(h), cfg.batch_size):
                 rows = slice(i, i + cfg.batch_size)
                 chunks.append((self._draws(h[rows]), z[rows], y[rows]))
 
+        blocks = merged(chunks, BLOCK_ELEMENTS // (cfg.mc_samples * z.shape[1]))
+
         def objective(c: float) -> float:
-            total = 0.0
-            for a, part, labels in chunks:
+            total = torch.zeros((), dtype=torch.float64, device=h.device)  # one read per value
+            for a, part, labels in blocks:
                 alpha = self._alpha(a, part + c, b)  # (M, n, C)
-                total += float(expected_dirichlet_log_density(alpha, labels, cfg.nu).mean(0).sum())
-            return -total / len(h)
+                total += expected_dirichlet_log_density(alpha, labels, cfg.nu).mean(0).sum()
+            return -float(total) / len(h)
 
         return objective
 
@@ -124,13 +153,13 @@ class OffsetETN(ETN):
     def _mean_loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> float:
         """The loss (with its KL term) averaged over all rows, in chunks of the batch size,
         with the MC draws fixed by the seed: a smooth function of an offset added to ``z``."""
-        total = 0.0
-        with torch.random.fork_rng(devices=[]):
+        total = torch.zeros((), dtype=torch.float64, device=h.device)
+        with torch.random.fork_rng(devices=rng_devices(h.device)):
             torch.manual_seed(self.config.seed)
             for i in range(0, len(h), self.config.batch_size):
                 rows = slice(i, i + self.config.batch_size)
-                total += float(self.loss(h[rows], z[rows], y[rows]).sum())
-        return total / len(h)
+                total += self.loss(h[rows], z[rows], y[rows]).sum()
+        return float(total) / len(h)
 
     def _predict_chunk(self, h, z):  # noqa: ANN001, ANN202
         return super()._predict_chunk(h, z + self.offset_)

@@ -143,7 +143,7 @@ class LevelGamma:
     index per Gamma (K,), so M draws never need an (M, n, K) array."""
 
     def __init__(self, shape: torch.Tensor, draws: int):
-        self.coef, self.log_u = level_table(draws)
+        self.coef, self.log_u = (t.to(shape.device) for t in level_table(draws))
         self.draws = draws
         self.per_level = self.coef.shape[1] // draws
         self.shape = shape.detach().double()
@@ -167,6 +167,7 @@ class LevelGamma:
         x = log_x.exp_()
         if self.outside is not None:
             rows, cols = self.outside
-            u = level_quantiles(self.draws)[level[cols].numpy()]
-            x[rows, cols] = torch.from_numpy(gammaincinv(self.shape[rows, cols].numpy(), u))
+            u = level_quantiles(self.draws)[level[cols].cpu().numpy()]
+            outside = gammaincinv(self.shape[rows, cols].cpu().numpy(), u)
+            x[rows, cols] = torch.from_numpy(outside).to(x.device)
         return x

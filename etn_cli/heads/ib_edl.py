@@ -223,7 +223,6 @@ class IBEDL(Head):
             lr=cfg.lr, seed=cfg.seed, device=device, desc="ib_edl", select=cfg.select,
             class_scores=lambda h_, y_: self._mean_alpha(h_, torch.float32, fused=self.fused_),
         ).record()  # fmt: skip
-        self.module_.cpu()
 
     def loss(
         self, h: torch.Tensor, y: torch.Tensor, noise: torch.Tensor | None = None
@@ -238,9 +237,13 @@ class IBEDL(Head):
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        alpha = torch.cat(
-            [self._mean_alpha(h[i : i + PREDICT_ROWS]) for i in range(0, len(h), PREDICT_ROWS)]
-        ).numpy()  # (N, C)
+        alpha = (
+            torch.cat(
+                [self._mean_alpha(h[i : i + PREDICT_ROWS]) for i in range(0, len(h), PREDICT_ROWS)]
+            )
+            .cpu()
+            .numpy()
+        )  # (N, C)
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
     def _mean_alpha(

@@ -140,15 +140,22 @@ class LastLayerLaplace(Head):
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         rows = self._chunk_rows()
-        samples = torch.cat(
-            [self.predictive_samples(h[i : i + rows]) for i in range(0, len(h), rows)], dim=1
-        ).numpy()  # (S, N, C)
+        samples = (
+            torch.cat(
+                [self.predictive_samples(h[i : i + rows]) for i in range(0, len(h), rows)], dim=1
+            )
+            .cpu()
+            .numpy()
+        )  # (S, N, C)
         return Prediction(samples.mean(0), sample_scores(samples))
 
     def predictive_samples(self, h: torch.Tensor) -> torch.Tensor:
         """S softmax samples (S, n, C) of laplace-torch's predictive, seeded by the head."""
-        generator = torch.Generator().manual_seed(self.config.seed)
         cfg, la = self.config, self.la_
+        # the closed form draws its weights on the host (the same on every device);
+        # laplace-torch draws on the scoring device, with a generator of that device
+        device = h.device if cfg.backend == "laplace_torch" else torch.device("cpu")
+        generator = torch.Generator(device).manual_seed(cfg.seed)
         if cfg.backend == "closed_form":
             if self.samples_ is None:  # every chunk draws the same S weights (seeded alike)
                 self.samples_ = la.weight_samples(cfg.mc_samples, generator)

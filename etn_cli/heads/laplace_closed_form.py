@@ -108,6 +108,7 @@ class ClosedFormLaplace:
         c = self.n_classes
         d = (len(self.mean) - c) // c
         noise = torch.randn(n_samples, len(self.mean), dtype=torch.float64, generator=generator)
+        noise = noise.to(self.mean.device)  # drawn on the host: the same draws on any device
         delta = self.prior_precision
         e_w, e_c = noise[:, : c * d].reshape(n_samples, c, d), noise[:, c * d :]
         if self.structure == "diag":

@@ -30,6 +30,7 @@ class Mahalanobis(Head):
     family = "posthoc"
     needs_id_statistics = True
     seed_free = True
+    keeps_argmax = True  # the softmax of the backbone's logits
     own_score = "md"
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
@@ -37,11 +38,11 @@ class Mahalanobis(Head):
         self.precision_ = precision(tied_covariance(h, y, self.means_))
 
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        probs = torch.softmax(z.double(), dim=1).numpy()
+        probs = torch.softmax(z.double(), dim=1).cpu().numpy()
         return Prediction(probs, probability_scores(probs) | {"md": self._score(h, z)})
 
     def _score(self, h, z, **_) -> np.ndarray:  # noqa: ANN001
-        return (-squared_distances(h, self.means_, self.precision_).min(1).values).numpy()
+        return (-squared_distances(h, self.means_, self.precision_).min(1).values).cpu().numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:
         return {"means": self.means_, "precision": self.precision_}

@@ -18,15 +18,16 @@ class MAP(Head):
     family = "posthoc"
     seed_free = True
     reads_fit_rows = reads_hidden = False
+    keeps_argmax = True  # the softmax of the backbone's logits
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         return None
 
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
-        probs = torch.softmax(z.double(), dim=1).numpy()
+        probs = torch.softmax(z.double(), dim=1).cpu().numpy()
         return Prediction(probs, probability_scores(probs))
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
         """MP alone: ``max_i softmax(z)_i = 1 / sum_i exp(z_i - max z)``, no (N, C) output
         (:func:`~etn_cli.heads.scorers.softmax_terms.max_probability`)."""
-        return max_probability(z).numpy()
+        return max_probability(z).cpu().numpy()

@@ -90,13 +90,12 @@ class MapEDL(Head):
             seed=cfg.seed, device=device, weight_decay=cfg.weight_decay, desc="map_edl",
             select=cfg.select, class_scores=lambda h_, y_: self.module_(h_),
         ).record()  # fmt: skip
-        self.module_.cpu()
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         lin = self.module_.linear
         logits = F.linear(h.double(), lin.weight.double(), lin.bias.double())  # (N, C)
-        alpha = evidence(logits, self.module_.b.double()).numpy()  # float64: no early underflow
+        alpha = evidence(logits, self.module_.b.double()).cpu().numpy()  # float64: no underflow
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
     def _state(self) -> dict[str, torch.Tensor]:

@@ -83,7 +83,7 @@ class ODIN(Head):
             scaled = self._odin_logits(layers, z.shape[1])
         else:
             scaled = z.double() / self.config.temperature
-        probs = torch.softmax(scaled.double(), dim=1).numpy()  # (N, C)
+        probs = torch.softmax(scaled.double(), dim=1).cpu().numpy()  # (N, C)
         return Prediction(probs, probability_scores(probs))
 
     def _state(self) -> dict[str, torch.Tensor]:

@@ -114,7 +114,7 @@ class SNGP(Head):
         self.gp_.mean.copy_(h.mean(0))
         distance = median_distance(h - h.mean(0), cfg.seed)
         self.gp_.inv_length.fill_(1.0 / (cfg.length_scale * max(distance, 1e-12)))
-        phi = self.gp_.features(h)  # (N, M), fixed: only beta is trained
+        phi = self.gp_.features(h).to(device)  # (N, M), fixed: only beta is trained
         beta = self.gp_.beta
 
         def loss(phi_: torch.Tensor, y_: torch.Tensor) -> torch.Tensor:
@@ -126,7 +126,6 @@ class SNGP(Head):
             seed=cfg.seed, device=device, desc="sngp", select=cfg.select,
             class_scores=lambda phi_, y_: beta(phi_),
         ).record()  # fmt: skip
-        self.gp_.cpu()
         self.covariance_ = self.posterior_covariance(phi.double())
 
     @torch.no_grad()
@@ -134,11 +133,11 @@ class SNGP(Head):
         """``Sigma_k`` (K, M, M) from one pass over the adaptation features, K = C or 1."""
         m = phi.shape[1]
         if self.config.covariance == "shared":
-            weights = torch.ones(1, len(phi), dtype=phi.dtype)  # (1, N)
+            weights = torch.ones(1, len(phi), dtype=phi.dtype, device=phi.device)  # (1, N)
         else:
             probs = torch.softmax(phi @ self.gp_.beta.weight.double().T, dim=1)  # (N, C)
             weights = (probs * (1 - probs)).T  # (C, N)
-        eye = self.config.ridge * torch.eye(m, dtype=phi.dtype)
+        eye = self.config.ridge * torch.eye(m, dtype=phi.dtype, device=phi.device)
         precision = torch.stack([eye + (phi * w[:, None]).T @ phi for w in weights])
         covariance = torch.cholesky_inverse(torch.linalg.cholesky(precision)).float()
         return covariance.contiguous()  # the layout a loaded checkpoint has: same rounding
@@ -160,7 +159,7 @@ class SNGP(Head):
         logits = self.gp_.features(h.double()) @ self.gp_.beta.weight.double().T  # (n, C)
         variance = self.predictive_variance(h)  # (n, C) or (n, 1)
         adjusted = logits / torch.sqrt(1 + self.config.mean_field_factor * variance)
-        return torch.softmax(adjusted, dim=1).numpy()
+        return torch.softmax(adjusted, dim=1).cpu().numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:
         return dict(self.gp_.state_dict()) | {"covariance": self.covariance_}

@@ -138,17 +138,20 @@ class Static(Head):
             class_scores=lambda z_, y_: self.module_(z_),
         ).record()  # fmt: skip
         self.selection_["a_start"] = self.a_start_
-        self.module_.cpu()
+
+    @property
+    def keeps_argmax(self) -> bool:
+        return self.config.variant == "scalar"  # one positive scale for every logit
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         if self.config.variant == "matrix":
             a = apply_softplus_diagonal(self.module_.a_raw.double())  # (C, C)
             b = F.softplus(self.module_.b_raw.double())
-            alpha = evidence(z.double() @ a.T, b).numpy()
+            alpha = evidence(z.double() @ a.T, b).cpu().numpy()
         else:
             scale, b = self.module_.log_a.double().exp(), F.softplus(self.module_.b_raw.double())
-            alpha = evidence(scale * z.double(), b).numpy()  # float64: no early underflow
+            alpha = evidence(scale * z.double(), b).cpu().numpy()  # float64: no early underflow
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)
 
     def _state(self) -> dict[str, torch.Tensor]:

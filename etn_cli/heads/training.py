@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from etn_cli.errors import EtnError
+from etn_cli.heads.steps import Steps
 
 
 def progress(iterable, desc: str, total: int | None = None):  # noqa: ANN001, ANN201
@@ -33,10 +34,13 @@ class Training:
     losses: list[float] = field(default_factory=list)
     accuracies: list[float] = field(default_factory=list)
     epoch: int = 0
+    steps: str = "eager"  # or "cuda graph" (etn_cli.heads.steps)
 
     def record(self) -> dict[str, Any]:
         """The provenance of the kept checkpoint, for ``head.json`` and ``train.json``."""
         kept = {"select": self.select, "epoch": self.epoch, "epochs": len(self.losses)}
+        if self.steps != "eager":  # how the steps ran, where it is not the plain way
+            kept["steps"] = self.steps
         kept["loss"] = self.losses[self.epoch - 1] if self.epoch else None
         if self.accuracies:
             kept["accuracy"] = self.accuracies[self.epoch - 1]
@@ -87,24 +91,30 @@ def fit_module(
     n = len(data[0])
     steps = epochs * math.ceil(n / batch_size)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(schedule, steps, warmup_fraction)
-    )
-    generator = torch.Generator().manual_seed(seed)
+    factor = lr_lambda(schedule, steps, warmup_fraction)
+    total = torch.zeros((), device=device)  # the epoch's summed loss, kept on the device
+
+    def step(*batch: torch.Tensor) -> None:
+        loss = loss_fn(*batch)  # (B,)
+        optimizer.zero_grad(set_to_none=True)
+        loss.mean().backward()
+        optimizer.step()
+        total.add_(loss.detach().sum())
+
+    runner = Steps(step, data, batch_size, [optimizer])
+    generator = torch.Generator().manual_seed(seed)  # the same batches on every device
     training = Training(select)
     best: tuple[tuple[float, ...], dict] = ((math.inf,), copy.deepcopy(module.state_dict()))
+    done = 0
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         for _ in progress(range(epochs), desc):
-            total = torch.zeros((), device=device)
-            for idx in torch.randperm(n, generator=generator).split(batch_size):
-                idx = idx.to(device)
-                loss = loss_fn(*(t[idx] for t in data))  # (B,)
-                optimizer.zero_grad(set_to_none=True)
-                loss.mean().backward()
-                optimizer.step()
-                scheduler.step()
-                total += loss.detach().sum()
+            total.zero_()
+            order = torch.randperm(n, generator=generator).to(device)
+            for idx in order.split(batch_size):
+                runner.set_lr(lr * factor(done))  # LambdaLR's value for this step
+                runner(idx)
+                done += 1
             training.losses.append(total.item() / n)
             if not math.isfinite(training.losses[-1]):
                 raise EtnError(
@@ -117,6 +127,8 @@ def fit_module(
             if training.rank() < best[0]:
                 best = (training.rank(), copy.deepcopy(module.state_dict()))
                 training.epoch = len(training.losses)
+    training.steps = runner.mode
+    runner.close()
     module.load_state_dict(best[1])
     return training
 

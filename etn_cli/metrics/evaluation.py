@@ -16,6 +16,7 @@ import numpy as np
 from etn_cli.errors import EtnError
 from etn_cli.metrics.ranking import RANKING_METRICS, ranking_values
 from etn_cli.metrics.scores import id_score
+from etn_cli.metrics.selective import SELECTIVE_METRICS, selective_values
 
 ECE_BINS = 15
 NLL_FLOOR = 1e-12
@@ -128,6 +129,21 @@ def confidence_metrics(scores: dict[str, np.ndarray], correct: np.ndarray) -> li
             results += _undefined(name, note)
         else:
             results += ranking_metrics(correct.astype(np.int64), oriented, name)
+    return results
+
+
+def selective_metrics(scores: dict[str, np.ndarray], correct: np.ndarray) -> list[MetricValue]:
+    """AURC, E-AURC and the risk at 80/90/95% coverage of each score used as the confidence
+    of selective prediction (:mod:`etn_cli.metrics.selective`)."""
+    correct = np.asarray(correct, dtype=bool)  # (N,)
+    results: list[MetricValue] = []
+    for name, values in scores.items():
+        if correct.size == 0:
+            results += [MetricValue(m, name, None, "undefined: no predictions to score")
+                        for m in SELECTIVE_METRICS]  # fmt: skip
+            continue
+        found = selective_values(_oriented(name, values, correct.size, "ID test set"), correct)
+        results += [MetricValue(m, name, float(found[m][0])) for m in SELECTIVE_METRICS]
     return results
 
 

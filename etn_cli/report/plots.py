@@ -1,13 +1,15 @@
 """The paper's figures from the metrics: the ablation plots of swept heads (AUPR against the
 swept value, mean over seeds with the 95% confidence band shaded; paper Figures "Ablation
-studies" and "Comparison across transformation dimensionalities") and Figure 1, uncertainty
-quality against accuracy and against inference runtime (:func:`frontier_plot`).
+studies" and "Comparison across transformation dimensionalities"); Figure 1 is in
+:mod:`etn_cli.report.frontier`.
 
 Each metrics row of a swept head carries its point in the ``sweep`` column (JSON, e.g.
 ``{"prior_mode": 5}``). For every method and swept setting one figure is drawn with two panels:
 ID confidence estimation (accuracy, MP, UM) and OOD detection (MP, MI, DE on the ``<ID>-OOD``
-average, or on the single OOD set). Numeric settings become lines (log x-axis when the values
-span more than a factor of 20); other values (``variant``) become points with error bars.
+average, or on the single OOD set), each panel with its own y-range, so that curves a few
+points apart are not squeezed into a shared one. Numeric settings become lines (log x-axis when
+the values span more than a factor of 20); other values (``variant``) become points with error
+bars.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from etn_cli.report.tables import runtime_rows, summarize
+from etn_cli.report.tables import summarize
 from etn_cli.store.atomic import atomic_write_bytes
 
 PLOT_FORMATS = ("png", "pdf")
@@ -87,137 +89,6 @@ def _save(figure, folder: Path, stem: str) -> list[Path]:  # noqa: ANN001
     return paths
 
 
-# Okabe & Ito's colour-blind-safe palette (its yellow swapped for grey, which reads on white),
-# crossed with markers of clearly different shapes (no circle-like hexagons or octagons, the
-# triangles apart), so 35 methods stay apart in print and for colour-blind readers.
-PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#999999", "#000000")
-MARKERS = ("o", "^", "s", "X", "D", "v", "*", "P")
-MARKER_AREA = {"*": 110, "X": 70, "P": 70}  # thin shapes drawn larger to weigh as much ink
-
-
-def method_styles(labels: list[str]) -> dict[str, dict[str, Any]]:
-    """A distinct (colour, marker) per label: colour cycles fastest and the marker moves on
-    by one per method and one more per round of colours, so the methods sharing a colour
-    (every 8th) get consecutive, clearly different shapes; no two of 64 share both."""
-    return {
-        label: {
-            "color": PALETTE[i % len(PALETTE)],
-            "marker": MARKERS[(i // len(PALETTE) + i) % len(MARKERS)],
-        }
-        for i, label in enumerate(labels)
-    }
-
-
-def spread(x: np.ndarray, y: np.ndarray, width: float, height: float) -> np.ndarray:
-    """Sideways offsets (in x units) that keep points sharing an x value apart, beeswarm style:
-    in order of ``y``, each point of a shared x takes the nearest free slot (0, +w, -w, +2w,
-    ...), a slot being taken by a point of that x less than ``height`` away in y. Points with
-    an x of their own stay where they are. Deterministic: the same data, the same plot."""
-    offsets = np.zeros(len(x))
-    for value in np.unique(x):
-        members = np.flatnonzero(x == value)
-        if len(members) < 2:
-            continue
-        placed: list[tuple[float, float]] = []  # (slot, y)
-        for i in members[np.argsort(y[members], kind="stable")]:
-            for k in range(len(members)):
-                slot = (k + 1) // 2 * (1 if k % 2 else -1) * width
-                if all(abs(slot - s) > width / 2 or abs(y[i] - v) >= height for s, v in placed):
-                    break
-            placed.append((slot, y[i]))
-            offsets[i] = slot
-    return offsets
-
-
-def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
-    """Paper Figure 1: each method's OOD detection quality against its accuracy (left) and
-    against its inference runtime per sample (right), as ``frontier-<metric>.png`` / ``.pdf``.
-
-    Quality is the method's best OOD score (MP, MI, DE or its own) on the ``<ID>-OOD`` average
-    (or the single OOD set), mean over seeds; runtime is the median over seeds of the measured
-    time per sample (backbone passes plus head), on a log axis only when it spans a decade.
-    Methods are told apart by colour and marker, named in a legend outside the axes.
-    """
-    summary = summarize(df)
-    if summary.filter(pl.col("task") == "ood").is_empty():
-        return []
-    id_dataset = summary["id_dataset"][0]
-    ood_sets = summary.filter(pl.col("task") == "ood")["eval_set"].unique().to_list()
-    ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in ood_sets else sorted(ood_sets)[0]
-    quality = (
-        summary.filter(
-            (pl.col("eval_set") == ood_set)
-            & (pl.col("metric") == metric)
-            & pl.col("mean").is_not_null()
-        )
-        .group_by("method_label", maintain_order=True)
-        .agg(pl.col("mean").max().alias("quality"))
-    )
-    accuracy = summary.filter((pl.col("task") == "id") & (pl.col("metric") == "acc")).select(
-        "method_label", pl.col("mean").alias("acc")
-    )
-    runtime = (
-        runtime_rows(df)
-        .group_by("method_label", maintain_order=True)
-        .agg(pl.col("value").median().alias("runtime_ms"))
-    )
-    points = quality.join(accuracy, on="method_label", how="inner").join(
-        runtime, on="method_label", how="left"
-    )
-    if points.is_empty():
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    lower_better = metric.startswith("fpr")
-    styles = method_styles(points["method_label"].to_list())
-    below = len(styles) > 20  # the legend goes under the panels, in columns
-    height = 4.4 + (0.17 * -(-len(styles) // 4) + 0.3 if below else 0)
-    fig, axes = plt.subplots(1, 2, figsize=(11, height), sharey=True, layout="constrained")
-    for ax, column, xlabel in (
-        (axes[0], "acc", "ID accuracy (%)"),
-        (axes[1], "runtime_ms", "inference time per sample (ms, median over seeds)"),
-    ):
-        rows = points.filter(pl.col(column).is_not_null() & (pl.col(column) > 0))
-        scale = 100.0 if column == "acc" else 1.0
-        labels = rows["method_label"].to_list()
-        x = rows[column].to_numpy() * scale
-        y = rows["quality"].to_numpy() * 100
-        if column == "acc" and len(x):  # post-hoc scores of one classifier share its accuracy
-            x = np.round(x, 6)
-            span = max(float(np.ptp(x)), 0.5)  # at least half a point of accuracy on the axis
-            height = 0.03 * max(float(np.ptp(y)), 1.0)
-            values, counts = np.unique(x, return_counts=True)
-            for value in values[counts > 1]:  # the accuracy they share, under the spread
-                ax.axvline(value, color="#999999", linewidth=0.8, linestyle=":", zorder=1)
-            if (counts > 1).any():
-                xlabel += "\n(dotted: an accuracy several methods share, spread sideways)"
-            x = x + spread(x, y, 0.012 * span, height)  # slots about half a marker apart
-            middle, half = (x.min() + x.max()) / 2, max(float(np.ptp(x)), span) / 2
-            ax.set_xlim(middle - 1.1 * half, middle + 1.1 * half)  # a spread never fills it
-        for label, xi, yi in zip(labels, x, y, strict=True):
-            style = styles[label]
-            ax.scatter(
-                xi, yi, s=MARKER_AREA.get(style["marker"], 55), label=label,
-                edgecolors="white", linewidths=0.6, zorder=3, **style,
-            )  # fmt: skip
-        if column == "runtime_ms" and len(x) and x.max() / x.min() > 10:
-            ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
-    better = "lower is better" if lower_better else "higher is better"
-    axes[0].set_ylabel(f"OOD {metric.upper()} (%), {ood_set}\nbest score per method, {better}")
-    handles, labels = axes[0].get_legend_handles_labels()
-    if not below:  # one column beside the panels
-        fig.legend(handles, labels, loc="outside right upper", fontsize=8, frameon=False)
-    else:  # many methods: columns under the panels, read row by row
-        fig.legend(handles, labels, loc="outside lower center", fontsize=8, frameon=False, ncols=4)
-    fig.suptitle(f"OOD detection ({metric.upper()}) against accuracy and inference time")
-    return _save(fig, folder, f"frontier-{metric}")
-
-
 def _figure(summary, method, setting, rest, members, metric):  # noqa: ANN001, ANN202
     import matplotlib
 
@@ -232,7 +103,7 @@ def _figure(summary, method, setting, rest, members, metric):  # noqa: ANN001, A
     ood_sets = summary.filter(pl.col("task") == "ood")["eval_set"].unique().to_list()
     ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in ood_sets else sorted(ood_sets)[0]
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True, layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     panels = (
         ("ID confidence", "id", id_dataset, ID_SERIES),
         (f"OOD detection ({ood_set})", "ood", ood_set, OOD_SERIES),
@@ -268,6 +139,7 @@ def _figure(summary, method, setting, rest, members, metric):  # noqa: ANN001, A
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel(f"{metric.upper()} (%), ACC (%)")
+    axes[1].set_ylabel(f"{metric.upper()} (%)")
     head = _common_label([label for _, label in members]) or method
     fig.suptitle(f"{head}: {metric.upper()} against {setting}" + (f" ({rest})" if rest else ""))
     return fig

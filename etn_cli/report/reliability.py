@@ -4,8 +4,11 @@ confidence, pooled over seeds (weighted by the number of predictions per bin).
 
 A perfectly calibrated head has its curve on the diagonal; points below it are over-confident,
 points above under-confident. Grey bars show where the predictions fall (the share per bin),
-so a wild point from a bin of two predictions reads as such (marker area grows with the count
-too). Each panel names the head's ECE (mean over seeds, as the tables show it). Drawn from the
+so a wild point from a bin of two predictions reads as such: marker area grows with the count,
+and a bin with fewer than :data:`SPARSE_BIN` predictions per seed is drawn hollow and left out
+of the line. Heads whose bins are identical (the post-hoc scorers keep the softmax's
+probabilities) share one panel, named in a footnote. Each panel names the head's ECE (mean
+over seeds, as the tables show it) and carries its own tick labels. Drawn from the
 ``bin_*`` rows of the metrics files (:mod:`etn_cli.metrics.reliability`) into
 ``reliability.png`` and ``reliability.pdf``.
 """
@@ -25,6 +28,7 @@ from etn_cli.report.tables import row_labels
 
 ACCURACY_COLOUR, SHARE_COLOUR = "#0072B2", "#BBBBBB"  # Okabe & Ito blue; grey
 COLUMNS = 5
+SPARSE_BIN = 10  # bins with fewer predictions per seed are drawn hollow and left unjoined
 
 
 def pooled_bins(df: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -56,62 +60,113 @@ def pooled_bins(df: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, np.
 
 
 def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
-    """Draw one reliability panel per head into ``folder``; returns the paths (none when the
-    metrics carry no bins, e.g. files written by an older etn)."""
+    """Draw one reliability panel per distinct set of pooled bins into ``folder``; returns the
+    paths (none when the metrics carry no bins, e.g. files written by an older etn)."""
     from etn_cli.report.plots import _save
 
     bins = pooled_bins(df)
     if not bins:
         return []
-    labels = [label for label in _ordered_labels(df) if label in bins]
-    ece = _mean_ece(df)
+    panels = shared_panels([label for label in _ordered_labels(df) if label in bins], bins)
+    ece, seeds = _mean_ece(df), _seed_counts(df)
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    rows = math.ceil(len(labels) / COLUMNS)
-    cols = min(COLUMNS, len(labels))
-    fig, axes = plt.subplots(
-        rows, cols, figsize=(2.3 * cols, 2.35 * rows), sharex=True, sharey=True,
-        layout="constrained", squeeze=False,
+    rows = math.ceil(len(panels) / COLUMNS)
+    cols = min(COLUMNS, len(panels))
+    width = max(2.4 * cols, 5.0)  # room for the legend under one or two panels
+    fig = plt.figure(figsize=(width, 2.5 * rows + 0.8 + 0.3 * (cols < 4)), layout="constrained")
+    grid = fig.add_gridspec(
+        rows + 1, cols, height_ratios=[1.0] * rows + [0.18 if cols >= 4 else 0.34]
+    )
+    axes = [fig.add_subplot(grid[i // cols, i % cols]) for i in range(len(panels))]
+    footnotes = []
+    for i, (ax, labels) in enumerate(zip(axes, panels, strict=True)):
+        first = labels[0]
+        title = textwrap.fill(first, 30, break_on_hyphens=False)  # a sweep point's label in full
+        if len(labels) > 1:
+            mark = "*" * (len(footnotes) + 1)
+            title += f"\n+ {len(labels) - 1} with the same probabilities{mark}"
+            footnotes.append(f"{mark} {first}'s panel also stands for {', '.join(labels[1:])}.")
+        _panel(ax, title, *bins[first], ece.get(first), seeds.get(first, 1))
+        if i + cols >= len(panels):  # the lowest panel of its column
+            ax.set_xlabel("confidence (max probability)", fontsize=8)
+        if i % cols == 0:
+            ax.set_ylabel("accuracy; share", fontsize=8)
+    key = fig.add_subplot(grid[rows, :])  # the legend and footnotes, under every panel
+    key.axis("off")
+    key.legend(
+        handles=_legend_handles(), loc="upper center", ncols=4 if cols >= 4 else 2,
+        frameon=False, fontsize=8,
     )  # fmt: skip
-    for ax, label in zip(axes.flat, labels, strict=False):
-        _panel(ax, label, *bins[label], ece.get(label))
-    for ax in list(axes.flat)[len(labels) :]:
-        ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("confidence (max probability)")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("accuracy; share")
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncols=3, frameon=False, fontsize=8)
-    fig.suptitle("Reliability on the ID test set (15 bins, seeds pooled)")
+    if footnotes:
+        notes = "\n".join(textwrap.fill(n, int(16 * width)) for n in footnotes)
+        key.text(0.0, 0.0, notes, fontsize=7, va="top", transform=key.transAxes)
+    title = (
+        "Reliability on the ID test set (15 bins, seeds pooled; hollow, unjoined: bins with "
+        f"fewer than {SPARSE_BIN} predictions per seed)"
+    )
+    fig.suptitle(textwrap.fill(title, int(15 * width)), fontsize=10)
     return _save(fig, folder, "reliability")
 
 
-def _panel(ax, label, n, confidence, accuracy, ece) -> None:  # noqa: ANN001
+def _legend_handles() -> list:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    dot = {"linestyle": "none", "marker": "o", "markersize": 6, "color": ACCURACY_COLOUR}
+    return [
+        Line2D([], [], linestyle="--", color="#555555", label="perfect"),
+        Line2D(
+            [], [], linewidth=1.2, label="accuracy at mean confidence", **dot | {"linestyle": "-"}
+        ),
+        Line2D([], [], markerfacecolor="white", label=f"bin with < {SPARSE_BIN} per seed", **dot),
+        Patch(color=SHARE_COLOUR, label="share of predictions"),
+    ]
+
+
+def shared_panels(labels: list[str], bins: dict[str, tuple]) -> list[list[str]]:
+    """``labels`` grouped by identical pooled bins (count, confidence and accuracy per bin), in
+    the given order: the post-hoc scorers that keep the softmax's probabilities share its
+    panel instead of repeating it."""
+    groups: dict[bytes, list[str]] = {}
+    for label in labels:
+        key = np.round(np.nan_to_num(np.stack(bins[label]), nan=-1.0), 9).tobytes()
+        groups.setdefault(key, []).append(label)
+    return list(groups.values())
+
+
+def _panel(ax, title, n, confidence, accuracy, ece, seeds) -> None:  # noqa: ANN001
     """Grey bars: the share of predictions per bin; blue: accuracy at each bin's mean
-    confidence (marker area grows with the bin's count); dashed: perfect calibration."""
+    confidence (marker area grows with the bin's count), the line joining only bins with at
+    least :data:`SPARSE_BIN` predictions per seed, sparser bins hollow; dashed: perfect
+    calibration."""
     edges = np.linspace(0, 1, ECE_BINS + 1)
     filled = n > 0
+    dense = n / seeds >= SPARSE_BIN  # (B,)
+    sparse = filled & ~dense
     ax.bar(
         edges[:-1], n / n.sum(), width=1 / ECE_BINS, align="edge", color=SHARE_COLOUR,
-        edgecolor="white", linewidth=0.5, label="share of predictions",
+        edgecolor="white", linewidth=0.5,
     )  # fmt: skip
-    ax.plot([0, 1], [0, 1], linestyle="--", color="#555555", linewidth=1, label="perfect")
+    ax.plot([0, 1], [0, 1], linestyle="--", color="#555555", linewidth=1)
     ax.plot(
-        confidence[filled], accuracy[filled], color=ACCURACY_COLOUR, linewidth=1.2,
-        label="accuracy at mean confidence", zorder=3,
+        confidence[dense], accuracy[dense], color=ACCURACY_COLOUR, linewidth=1.2,
+        zorder=3,
     )  # fmt: skip
-    sizes = 6 + 60 * np.sqrt(n[filled] / n.max())
-    ax.scatter(confidence[filled], accuracy[filled], s=sizes, color=ACCURACY_COLOUR, zorder=4)
+    sizes = 8 + 60 * np.sqrt(n / n.max())
+    ax.scatter(confidence[dense], accuracy[dense], s=sizes[dense], color=ACCURACY_COLOUR, zorder=4)
+    ax.scatter(
+        confidence[sparse], accuracy[sparse], s=sizes[sparse], facecolors="white",
+        edgecolors=ACCURACY_COLOUR, linewidths=1, zorder=4,
+    )  # fmt: skip
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_aspect("equal")
-    title = textwrap.fill(label, 30, break_on_hyphens=False)  # a sweep point's label in full
     ax.set_title(title + ("" if ece is None else f"\nECE {100 * ece:.1f}%"), fontsize=8)
-    ax.tick_params(labelsize=7)
+    ax.tick_params(labelsize=7, labelbottom=True, labelleft=True)  # every panel reads alone
     ax.grid(alpha=0.25)
 
 
@@ -124,3 +179,10 @@ def _mean_ece(df: pl.DataFrame) -> dict[str, float]:
     ece = df.filter((pl.col("metric") == "ece") & (pl.col("task") == "id"))
     means = ece.group_by("method_label").agg(pl.col("value").mean())
     return {label: value for label, value in means.iter_rows() if value is not None}
+
+
+def _seed_counts(df: pl.DataFrame) -> dict[str, int]:
+    """Per method label, the number of seeds its bins pool."""
+    rows = df.filter(pl.col("metric") == "bin_count")
+    counts = rows.group_by("method_label").agg(pl.col("seed").n_unique())
+    return dict(counts.iter_rows())

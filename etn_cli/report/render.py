@@ -16,7 +16,11 @@ import polars as pl
 from etn_cli.errors import EtnError
 from etn_cli.report.tables import RUNTIME
 
-LOWER_IS_BETTER = {"fpr95", "fpr95_id", "ece", "nll", "brier", RUNTIME}
+LOWER_IS_BETTER = {
+    "fpr95", "fpr95_id", "ece", "nll", "brier", RUNTIME,
+    "aurc", "eaurc", "risk80", "risk90", "risk95", "set_size",
+}  # fmt: skip
+UNRANKED = {"coverage"}  # a conformal set's coverage should meet 1 - alpha, not be highest
 RENDER_FORMATS = ("table", "markdown", "csv", "latex")
 ALIASES = {"md": "markdown", "tex": "latex"}
 MISSING = "–"
@@ -38,20 +42,23 @@ def cell_columns(table: pl.DataFrame) -> list[str]:
 
 
 def _decimals(metric: str | None, style: str) -> int:
-    from etn_cli.report.tables import PERCENT_METRICS
+    from etn_cli.report.tables import PERCENT_METRICS, PERMILLE_METRICS
 
     if metric == RUNTIME:
         return 2  # ms per sample: 1.02
-    return DECIMALS[style] if metric in PERCENT_METRICS else NON_PERCENT_DECIMALS
+    scaled = PERCENT_METRICS | PERMILLE_METRICS
+    return DECIMALS[style] if metric in scaled else NON_PERCENT_DECIMALS
 
 
 def _ranks(cells: list[dict | None], digits: int = 2) -> list[int]:
     """Per cell: 1 if best, 2 if second best (by the shown value), else 0.
 
-    Best is the highest value, or the lowest for fpr95, ece, nll, brier and runtime. Needs 2+
-    values.
+    Best is the highest value, or the lowest for fpr95, ece, nll, brier, runtime, the selective
+    risks and the conformal set size; coverage is not ranked. Needs 2+ values.
     """
     metrics = [cell["metric"] for cell in cells if cell and cell["metric"]]
+    if metrics and metrics[0] in UNRANKED:
+        return [0] * len(cells)
     sign = -1.0 if metrics and metrics[0] in LOWER_IS_BETTER else 1.0
     shown = [
         None if not cell or cell["mean"] is None else round(cell["mean"], digits) for cell in cells
@@ -70,10 +77,31 @@ MARKS = {
 }
 
 
+DAGGER = {"table": "†", "markdown": "†", "latex": r"$^\dagger$"}
+
+
 def _cell_text(cell: dict | None, rank: int, style: str) -> str:
+    """A cell's text: ``mean ± ci`` (best marked), or a paired difference with its interval;
+    ``†`` where a paired comparison found the difference significant."""
     best, second, with_ci, missing = MARKS[style]
     if not cell or cell["mean"] is None:
         return missing
+    dagger = DAGGER[style] if cell.get("significant") else ""
+    if cell.get("lo") is not None:  # a difference against the reference
+        return _difference_text(cell, style) + dagger
+    return _value_text(cell, rank, style) + dagger
+
+
+def _difference_text(cell: dict, style: str) -> str:
+    digits = _decimals(cell["metric"], style)
+    mean, lo, hi = (f"{cell[k]:+.{digits}f}" for k in ("mean", "lo", "hi"))
+    if style == "latex":
+        return rf"${mean}$ {{\scriptsize $[{lo}, {hi}]$}}"
+    return f"{mean} [{lo}, {hi}]"
+
+
+def _value_text(cell: dict, rank: int, style: str) -> str:
+    best, second, with_ci, _ = MARKS[style]
     digits = _decimals(cell["metric"], style)
     mean = f"{cell['mean']:.{digits}f}"
     with_seeds = (cell.get("n_seeds") or 0) >= 2
@@ -90,7 +118,8 @@ def formatted(table: pl.DataFrame, style: str) -> list[list[str]]:
     for name in cell_columns(table):
         cells = table[name].to_list()
         digits = _decimals(next((c["metric"] for c in cells if c), None), style)
-        ranks = _ranks(cells, digits)
+        differences = any(c and c.get("lo") is not None for c in cells)
+        ranks = [0] * len(cells) if differences else _ranks(cells, digits)
         columns.append([_cell_text(c, r, style) for c, r in zip(cells, ranks, strict=True)])
     return [list(row) for row in zip(*columns, strict=True)]
 
@@ -153,11 +182,19 @@ def _render_tex(table: pl.DataFrame) -> str:
 
 
 def _render_csv(table: pl.DataFrame) -> str:
-    """CSV: ``Method``, then ``<cell> mean`` and ``<cell> ci95`` per cell, then ``Family``."""
+    """CSV: ``Method``, then ``<cell> mean`` and ``<cell> ci95`` per cell (for paired
+    differences ``<cell> difference``, ``lo``, ``hi`` and ``significant``), then ``Family``."""
+    names = cell_columns(table)
+    differences = any(
+        c and c.get("lo") is not None for name in names for c in table[name].to_list()
+    )
+    parts = (("mean", "difference"), ("lo", "lo"), ("hi", "hi"), ("significant", "significant"))
+    if not differences:
+        parts = (("mean", "mean"), ("ci95", "ci95"))
     fields = [
-        pl.col(name).struct.field(part).alias(f"{name} {part}")
-        for name in cell_columns(table)
-        for part in ("mean", "ci95")
+        pl.col(name).struct.field(part).alias(f"{name} {shown}")
+        for name in names
+        for part, shown in parts
     ]
     family = ["Family"] if "Family" in table.columns else []
     return table.select("Method", *fields, *family).write_csv()
@@ -203,8 +240,11 @@ def _text_block(table: pl.DataFrame) -> str:
     names = cell_columns(table)
     rows = formatted(table, "table")
     label_width = min(max([len("Method"), *(len(r[0]) for r in rows)]), METHOD_WIDTH)
+    marks = [
+        max(len(r[i + 1]) - len(r[i + 1].rstrip(MARKERS)) for r in rows) for i in range(len(names))
+    ]
     widths = [
-        max(len(name.rsplit(" ", 1)[-1]), *(len(r[i + 1].rstrip("*")) for r in rows)) + 1
+        max(len(name.rsplit(" ", 1)[-1]), *(len(r[i + 1].rstrip(MARKERS)) for r in rows)) + marks[i]
         for i, name in enumerate(names)
     ]
     groups = [name.rsplit(" ", 1)[0] for name in names]
@@ -225,11 +265,24 @@ def _text_block(table: pl.DataFrame) -> str:
         for i in members:
             label = _fit(rows[i][0], label_width).ljust(label_width)
             cells = "".join(
-                " " + (c if c.endswith("*") else c + " ").rjust(w)
-                for c, w in zip(rows[i][1:], widths, strict=True)
+                " " + _aligned(c, w, m) for c, w, m in zip(rows[i][1:], widths, marks, strict=True)
             )
             lines.append((label + cells).rstrip())
     return "\n".join(lines) + "\n"
+
+
+MARKERS = "*†"  # trailing marks of a cell (best, significant), kept right of the numbers
+
+
+def _aligned(cell: str, width: int, marks: int) -> str:
+    """``cell`` right-aligned in ``width`` with its trailing marks in the last ``marks``
+    characters, so the numbers of a column line up whether marked or not."""
+    number = cell.rstrip(MARKERS)
+    return (
+        (number.rjust(width - marks) + cell[len(number) :].ljust(marks))
+        if marks
+        else cell.rjust(width)
+    )
 
 
 def _fit(text: str, width: int) -> str:

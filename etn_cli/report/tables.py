@@ -40,10 +40,23 @@ METHOD = ["method", "method_label", "variant", "family"]
 OPTIONAL_COLUMNS = ("family", "ood_group")
 FAMILY_ORDER = ("evidential", "bayesian", "deterministic", "posthoc", "other")
 SEED_KEYS = [*SETTING, "eval_set", "task", *METHOD, "metric", "score"]
-PERCENT_METRICS = {"acc", "ece", "aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id"}
+PERCENT_METRICS = {
+    "acc", "ece", "aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id",
+    "risk80", "risk90", "risk95", "coverage",
+}  # fmt: skip
+PERMILLE_METRICS = {"aurc", "eaurc"}  # areas of small risks, in ‰ as the literature gives them
+
+
+def display_scale(metric: str | None) -> float:
+    """The factor a metric is shown with: 100 for percentages, 1,000 for ‰, else 1."""
+    return 1000.0 if metric in PERMILLE_METRICS else 100.0 if metric in PERCENT_METRICS else 1.0
+
+
 ID_SCORES = ("mp", "um")
 OOD_SCORES = ("mp", "mi", "de")
 STANDARD_SCORES = ("mp", "um", "mi", "de")  # any other score is a method's own (md, knn, ...)
+# fields a paired comparison adds to a cell: the interval of a difference and its verdict
+CELL_EXTRAS = ("lo", "hi", "significant")
 
 
 def _sealed_metrics(path: Path) -> bytes:
@@ -292,22 +305,26 @@ def build_table(
     labels: dict[tuple, str] | None = None,
 ) -> pl.DataFrame:
     """One row per method: ``Method``, then per ``(name, row filter, metric)`` of ``specs`` a
-    struct cell ``mean, ci95, metric, n_seeds`` (percent metrics scaled by 100), and last the
-    method's ``Family``."""
+    struct cell ``mean, ci95, metric, n_seeds`` (percent metrics scaled by 100; with a paired
+    comparison's columns also ``lo``, ``hi`` and ``significant``), and last the method's
+    ``Family``."""
     labels = labels or row_labels(summary)
     columns: dict[str, list] = {"Method": list(labels.values())}
+    extra = [c for c in CELL_EXTRAS if c in summary.columns]  # a paired comparison's fields
     for name, keep, cell_metric in specs:
-        scale = 100.0 if cell_metric in PERCENT_METRICS else 1.0
+        scale = display_scale(cell_metric)
+        fields = ("mean", "ci95", "n_seeds", *extra)
         found = {
-            tuple(row[: len(METHOD)]): row[len(METHOD) :]
-            for row in summary.filter(keep).select(*METHOD, "mean", "ci95", "n_seeds").iter_rows()
+            tuple(row[: len(METHOD)]): dict(zip(fields, row[len(METHOD) :], strict=True))
+            for row in summary.filter(keep).select(*METHOD, *fields).iter_rows()
         }
         cells = []
         for key in labels:
-            mean, ci95, n = found.get(key, (None, None, 0))
-            mean = None if mean is None else mean * scale
-            ci95 = None if mean is None or ci95 is None else ci95 * scale
-            cells.append({"mean": mean, "ci95": ci95, "metric": cell_metric, "n_seeds": n})
+            cell = found.get(key, {"mean": None, "ci95": None, "n_seeds": 0} | dict.fromkeys(extra))
+            for part in ("mean", "ci95", "lo", "hi"):
+                value = cell.get(part)
+                cell[part] = None if value is None or cell["mean"] is None else value * scale
+            cells.append(cell | {"metric": cell_metric})
         columns[name] = cells
     columns["Family"] = [key[3] or "other" for key in labels]  # last: cells keep their places
     return pl.DataFrame(columns)

@@ -31,7 +31,11 @@ from etn_cli.report.tables import (
 
 RANKING = ("aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id")
 CALIBRATION = ("acc", "ece", "nll", "brier")
-METRICS = (*RANKING, *CALIBRATION, "runtime")
+SELECTIVE = ("aurc", "eaurc", "risk80", "risk90", "risk95")
+CONFORMAL = ("coverage", "set_size")
+METRICS = (*RANKING, *CALIBRATION, *SELECTIVE, *CONFORMAL, "runtime")
+SELECTIVE_NAMES = {"aurc": "AURC", "eaurc": "E-AURC", "risk80": "Risk@80",
+                   "risk90": "Risk@90", "risk95": "Risk@95"}  # fmt: skip
 MAX_WIDTH = 100
 
 
@@ -41,7 +45,8 @@ def check_metric(metric: str | None) -> str | None:
         return None
     from etn_cli.cli_options import choose
 
-    return choose(metric.lower(), METRICS, "metric", {"runtime_ms": "runtime", "fpr": "fpr95"})
+    aliases = {"runtime_ms": "runtime", "fpr": "fpr95", "e-aurc": "eaurc", "e_aurc": "eaurc"}
+    return choose(metric.lower(), METRICS, "metric", aliases)
 
 
 def own_scores(summary: pl.DataFrame) -> dict[tuple, str]:
@@ -145,6 +150,12 @@ def metric_view(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
         return build_table(summary, _column_specs(summary, metric), labels)
     id_dataset = summary["id_dataset"][0]
     is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
+    if metric in SELECTIVE:
+        own = {k: s for k, s in own_scores(summary).items() if s not in STANDARD_SCORES}
+        labels = _labels_with_scores(summary, own)
+        return build_table(summary, _per_score_specs(summary, metric, id_dataset), labels)
+    if metric in CONFORMAL:
+        return conformal_view(summary)
     if metric == "runtime":
         specs = [("Runtime ms", pl.col("metric") == RUNTIME, RUNTIME)]
     else:
@@ -155,8 +166,56 @@ def metric_view(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
     return build_table(summary, specs)
 
 
+def _per_score_specs(summary: pl.DataFrame, metric: str, id_dataset: str) -> list:
+    """ACC, then ``metric`` on the ID test set for MP, UM, MI, DE and the method's own score."""
+    is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
+    specs = [(f"{id_dataset} ACC", is_id & (pl.col("metric") == "acc"), "acc")]
+    has = set(summary.filter(pl.col("metric") == metric)["score"].drop_nulls().to_list())
+    name = SELECTIVE_NAMES.get(metric, metric.upper())
+    for score in STANDARD_SCORES:
+        if score in has:
+            keep = is_id & (pl.col("metric") == metric) & (pl.col("score") == score)
+            specs.append((f"{name} {score.upper()}", keep, metric))
+    if has - set(STANDARD_SCORES):
+        own = pl.col("score").is_not_null() & ~pl.col("score").is_in(STANDARD_SCORES)
+        specs.append((f"{name} Own", is_id & (pl.col("metric") == metric) & own, metric))
+    return specs
+
+
+def selective_view(summary: pl.DataFrame) -> pl.DataFrame:
+    """Selective prediction at a glance: ACC, then AURC, E-AURC and the risk at 80/90/95%
+    coverage, each ranking by max probability (the softmax-response baseline)."""
+    id_dataset = summary["id_dataset"][0]
+    is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
+    specs = [(f"{id_dataset} ACC", is_id & (pl.col("metric") == "acc"), "acc")]
+    for metric, name in SELECTIVE_NAMES.items():
+        keep = is_id & (pl.col("metric") == metric) & (pl.col("score") == "mp")
+        specs.append((f"ranked by MP {name}", keep, metric))
+    return build_table(summary, specs)
+
+
+def conformal_view(summary: pl.DataFrame) -> pl.DataFrame:
+    """Conformal prediction sets: coverage and mean set size on the ID test set, and the
+    mean set size on every OOD set (and their averages)."""
+    id_dataset = summary["id_dataset"][0]
+    is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
+    specs = [
+        (f"{id_dataset} Coverage", is_id & (pl.col("metric") == "coverage"), "coverage"),
+        (f"{id_dataset} Size", is_id & (pl.col("metric") == "set_size"), "set_size"),
+    ]
+    sets = summary.filter((pl.col("task") == "ood") & (pl.col("metric") == "set_size"))
+    for eval_set in sets["eval_set"].unique(maintain_order=True).to_list():
+        keep = (pl.col("task") == "ood") & (pl.col("eval_set") == eval_set)
+        name = f"OOD set size {eval_set}"  # the eval set under one "OOD set size" heading
+        specs.append((name, keep & (pl.col("metric") == "set_size"), "set_size"))
+    return build_table(summary, specs)
+
+
 def view(summary: pl.DataFrame, metric: str | None) -> pl.DataFrame:
-    return summary_view(summary) if metric is None else metric_view(summary, metric)
+    """The summary (None), the selective-prediction overview (``"selective"``) or one metric."""
+    if metric is None:
+        return summary_view(summary)
+    return selective_view(summary) if metric == "selective" else metric_view(summary, metric)
 
 
 def footnote(table: pl.DataFrame, metric: str | None) -> str:
@@ -180,6 +239,9 @@ def footnote(table: pl.DataFrame, metric: str | None) -> str:
         lines.append("rejected at 95% OOD recall, OOD positive; lower is better) rank by each")
         lines.append("method's own OOD score [in brackets], else by max probability (MP).")
         lines.append("AUPR(MP): the paper's (ID positive).")
+    elif metric in (*SELECTIVE, *CONFORMAL, "selective"):
+        lines.append("In % (AURC and E-AURC in ‰, Size in classes).")
+        lines.append(METRIC_NOTES[metric])
     elif percent:
         lines.append("ACC, AUPR, AUROC, FPR95 and ECE in %; lower is better for FPR95 and ECE.")
         lines += [METRIC_NOTES[metric]] if metric in METRIC_NOTES else []
@@ -199,4 +261,15 @@ METRIC_NOTES = {  # which class is positive, for the one-metric tables (see metr
     "aupr_out": "AUPR-OUT: OpenOOD's trapezoid AUPR, OOD (or wrong) positive.",
     "fpr95": "FPR95: OpenOOD's, ID (correct) rejected at 95% recall of OOD (wrong) samples.",
     "fpr95_id": "FPR95_ID: OOD (wrong) accepted at 95% recall of ID (correct) samples.",
+    **dict.fromkeys(
+        (*SELECTIVE, "selective"),
+        "Selective prediction on the ID test set (lower is better): AURC, the area under the\n"
+        "risk-coverage curve; E-AURC, its excess over an oracle ranking; Risk@c, the error rate\n"
+        "of the c% most confident predictions (Geifman & El-Yaniv 2017).",
+    ),
+    **dict.fromkeys(
+        CONFORMAL,
+        "Conformal prediction sets: Coverage, the share of ID test sets holding the label\n"
+        "(target 1 - alpha); Size, the mean number of classes per set (lower is better).",
+    ),
 }

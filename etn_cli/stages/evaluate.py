@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from etn_cli import progress
@@ -24,19 +25,31 @@ from etn_cli.metrics.evaluation import (
     classification_metrics,
     confidence_metrics,
     ood_metrics,
+    selective_metrics,
 )
 from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
 from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
+from etn_cli.stages.conformal_sets import (
+    calibrate,
+    id_results,
+    measured_rows,
+    ood_results,
+    test_name,
+)
+from etn_cli.stages.evaluate_rows import row_columns
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder
+from etn_cli.store.artefacts.predictions import predictions_path, rows_frame
 from etn_cli.store.artefacts.sealed import repair_line, seal_state, sidecar, write_sealed
 from etn_cli.store.atomic import remove_tmp, unit_lock
 from etn_cli.store.reading.consistency import check_varies
 from etn_cli.store.reading.reader import read_split
 from etn_cli.store.storage import ensure_writable, explained_storage_errors
+
+TIMING_REPEATS = 3  # timed predictions of the ID test set per head and seed
 
 
 def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
@@ -58,25 +71,33 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
         read(split.path)
     with explained_storage_errors():
         for unit in todo:
+            rows_path = predictions_path(unit.path)
             ensure_writable(unit.path.parent)
-            with unit_lock(unit.path):
+            ensure_writable(rows_path.parent)
+            with unit_lock(unit.path), unit_lock(rows_path):
                 if not force and metrics_damage(unit.path) is None:  # written while we waited
                     result.skip(unit.path, unit_name(unit.head), "finished by another run")
                     continue
-                remove_tmp(unit.path)  # a killed run's half-written files; we hold the lock
-                remove_tmp(sidecar(unit.path))
+                for part in (unit.path, rows_path):  # a killed run's half-written files
+                    remove_tmp(part)
+                    remove_tmp(sidecar(part))
                 reason = "--force" if force else "no intact metrics file with this key"
                 with result.build(unit.path, unit_name(unit.head), reason):
-                    frame = score_head(plan, unit, heads[unit.key], read, device)
+                    frame, rows = score_head(plan, unit, heads[unit.key], read, device)
+                    write_sealed(rows_path, parquet_bytes(rows))  # first: see prediction_rows
                     write_sealed(unit.path, parquet_bytes(frame))
     return result
 
 
 def metrics_damage(path: Path) -> str | None:
-    """None when the metrics file at ``path`` and its recorded sha256 agree; else why not."""
-    if not path.exists() and not sidecar(path).exists():
-        return "missing"
-    return seal_state(path)
+    """None when the metrics file at ``path`` and its predictions file
+    (:mod:`etn_cli.store.artefacts.predictions`) agree with their recorded sha256; else why not."""
+    for part in (path, predictions_path(path)):
+        if not part.exists() and not sidecar(part).exists():
+            return "missing"
+        if (state := seal_state(part)) is not None:
+            return state
+    return None
 
 
 def load_head(unit: MetricsUnit) -> Head:
@@ -85,29 +106,62 @@ def load_head(unit: MetricsUnit) -> Head:
     return Head.load(unit.head.path)
 
 
-def score_head(plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str) -> pl.DataFrame:
+def score_head(
+    plan: Plan, unit: MetricsUnit, head: Head, read: Any, device: str
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The head's metrics frame and its per-row predictions frame."""
     test = read(plan.test.path)
     check_varies(test.logits, "ID test set", plan.test.path)
     id_pred, seconds = timed_predict(head, test, device)
+    # repeats tell a real cost difference from timing noise (the report shows their spread)
+    seconds = [seconds] + [timed_predict(head, test, device)[1] for _ in range(TIMING_REPEATS - 1)]
     correct = id_pred.predictions == test.labels
     rows = [
         ("id", plan.id_dataset, m)
         for m in classification_metrics(id_pred.probs, test.labels, id_pred.predictions)
         + confidence_metrics(id_pred.scores, correct)
+        + selective_metrics(id_pred.scores, correct)
         + reliability_bins(id_pred.probs.max(axis=1), correct)
     ]
+    sets = calibrate(plan, head, read, device) if plan.pipeline.conformal else None
+    id_sets: dict = {}
+    if sets is not None:
+        measured = measured_rows(plan, len(test.labels))
+        found, id_sets = id_results(
+            sets, id_pred.probs, test.index, test.labels, test_name(plan), measured
+        )
+        rows += [("id", plan.id_dataset, m) for m in found]
+    parts = [("id", plan.id_dataset, row_columns(id_pred, test.index, test.labels, id_sets))]
     for ood in plan.ood:
-        ood_pred, _ = timed_predict(head, read(ood.path), device)
+        features = read(ood.path)
+        ood_pred, _ = timed_predict(head, features, device)
         rows += [("ood", ood.name, m) for m in ood_metrics(id_pred.scores, ood_pred.scores)]
+        ood_sets: dict = {}
+        if sets is not None:
+            found, ood_sets = ood_results(sets, ood_pred.probs, features.index, ood.name)
+            rows += [("ood", ood.name, m) for m in found]
+        parts.append(("ood", ood.name, row_columns(ood_pred, features.index, None, ood_sets)))
     timing = (test.manifest or {}).get("timing") or {}  # measured by extract; absent for BYOF
     meta = {
-        "inference_s_per_sample": seconds / len(test.labels),
+        "inference_s_per_sample": float(np.median(seconds)) / len(test.labels),
+        "inference_s_repeats": [s / len(test.labels) for s in seconds],
         "n_test": len(test.labels),
         "backbone_s_per_sample": timing.get("forward_s_per_sample"),
         "backbone_passes": head.backbone_passes,
         "fit_split": json.loads((unit.head.path / RECORD).read_text()).get("fit_split"),
     }
-    return metrics_frame(plan, unit, rows, meta, head)
+    frame = metrics_frame(plan, unit, rows, meta, head)
+    return frame, rows_frame(parts, row_provenance(frame))
+
+
+def row_provenance(frame: pl.DataFrame) -> dict[str, Any]:
+    """The columns of the metrics frame that say whose rows these are and how they were made."""
+    names = (
+        "pipeline", "backbone", "id_dataset", "method", "method_label", "variant", "family",
+        "seed", "sweep", "head_key", "metrics_key", "code_version", "etn_version",
+        "metrics_version", "created_at",
+    )  # fmt: skip
+    return {name: frame[name][0] for name in names}
 
 
 def timed_predict(head: Head, features: Any, device: str) -> tuple[Prediction, float]:
@@ -176,6 +230,10 @@ def metrics_frame(
         },
     )  # fmt: skip
     frame = frame.with_columns(pl.lit(v).alias(k) for k, v in provenance_cols.items())
+    repeats = [float(s) for s in meta["inference_s_repeats"]]  # per sample, each timed run
+    frame = frame.with_columns(
+        pl.Series("inference_s_repeats", [repeats] * frame.height, pl.List(pl.Float64))
+    )
     return frame.with_columns(
         pl.col("backbone_s_per_sample").cast(pl.Float64),
         pl.col("fit_split").cast(pl.String),

@@ -204,14 +204,30 @@ def write_share(
 
 def forward_into(sink: BackgroundAppender, backbone: Any, batches: Iterable) -> float:
     """Run the backbone on each ``(inputs, labels, index)`` batch and put its outputs into
-    ``sink``; return the seconds spent in forward passes."""
+    ``sink``, in order; return the seconds spent in forward passes. Each batch is started
+    (``Backbone.start_batch``) before the previous one's outputs are waited for and stored, so
+    on a GPU the next forward pass runs while the host stores the last."""
     forward_s = 0.0
+    pending = None
     for inputs, labels, index in batches:
         tick = time.perf_counter()
-        hidden, logits, extras = backbone.extract_batch(inputs)
+        started = backbone.start_batch(inputs)
         forward_s += time.perf_counter() - tick
-        sink.put(hidden, logits, labels, index, extras)
+        if pending is not None:
+            forward_s += store_outputs(sink, *pending)
+        pending = (started, labels, index)
+    if pending is not None:
+        forward_s += store_outputs(sink, *pending)
     return forward_s
+
+
+def store_outputs(sink: BackgroundAppender, outputs: Any, labels: Any, index: Any) -> float:
+    """Wait for a started batch's outputs and put them into ``sink``; the seconds waited."""
+    tick = time.perf_counter()
+    hidden, logits, extras = outputs()
+    waited = time.perf_counter() - tick
+    sink.put(hidden, logits, labels, index, extras)
+    return waited
 
 
 def batches_of(backbone: Any, split: Any, plan: Plan, device: str) -> Iterable:

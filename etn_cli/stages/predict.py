@@ -15,7 +15,8 @@ predicts as ``etn evaluate`` does, so on a split the pipeline extracted the rows
 evaluated predictions. Columns: ``input`` (path, question id or ``<dataset>:<split>#<index>``),
 ``index`` and ``label`` where known, ``prediction`` (and ``letter`` for LLMs),
 ``probability`` of the prediction, ``prob_<class>`` for every class, every score of the head,
-and with thresholds ``flagged_<score>`` and ``flagged``. A score where higher means more ID
+with thresholds ``flagged_<score>`` and ``flagged``, and with a ``[conformal]`` section the
+conformal ``prediction_set`` and ``set_size`` of each row. A score where higher means more ID
 (:data:`~etn_cli.metrics.scores.HIGHER_MEANS_ID`: mp, um, …) flags rows below its threshold;
 mi and de flag rows above it.
 """
@@ -58,6 +59,7 @@ class PredictResult:
     path: Path
     rows: int
     flagged: int | None
+    frame: Any = None  # the rows written
 
     def summary(self) -> str:
         flagged = "" if self.flagged is None else f", {self.flagged} flagged"
@@ -110,7 +112,7 @@ def predict(
     frame.write_parquet(buffer) if fmt == "parquet" else frame.write_csv(buffer)
     atomic_write_bytes(Path(out), buffer.getvalue())
     flagged = int(frame["flagged"].sum()) if "flagged" in frame.columns else None
-    return PredictResult(Path(out), len(frame), flagged)
+    return PredictResult(Path(out), len(frame), flagged, frame)
 
 
 def predict_frame(
@@ -143,6 +145,10 @@ def predict_frame(
         columns["label"] = labels
     columns.update(prediction_columns(prediction, letters, classes))
     columns.update(flag_columns(prediction.scores, thresholds or {}, trained.name))
+    if plan.pipeline.conformal is not None:
+        rows = found.split.index if found.kind == "split" else np.arange(len(found.names))
+        name = f"{found.split.dataset}:{found.split.split}"
+        columns.update(set_columns(plan, trained, prediction.probs, rows, name, device))
     import polars as pl
 
     return pl.DataFrame(columns)
@@ -163,6 +169,22 @@ def prediction_columns(
     columns.update({f"prob_{name}": probs[:, k] for k, name in enumerate(names)})
     columns.update(prediction.scores)
     return columns
+
+
+def set_columns(
+    plan: Plan, head: Any, probs: np.ndarray, rows: np.ndarray, name: str, device: str
+) -> dict[str, Any]:
+    """``prediction_set`` (``{3, 5}``; letters or class names where known) and ``set_size``:
+    the conformal set of each row, the head calibrated on the pipeline's calibration rows
+    as ``etn evaluate`` calibrates it (on a split it evaluated, the same sets)."""
+    from etn_cli.stages.conformal_sets import calibrate
+    from etn_cli.store.reading.reader import read_split
+
+    member = calibrate(plan, head, read_split, device).sets(probs, rows, name)  # (N, C)
+    letters = getattr(plan.backbone.config, "letters", None) if plan.backbone else None
+    names = list(letters) if letters else [str(k) for k in range(member.shape[1])]
+    sets = ["{" + ", ".join(names[k] for k in np.flatnonzero(row)) + "}" for row in member]
+    return {"prediction_set": sets, "set_size": member.sum(axis=1)}
 
 
 def flag_columns(

@@ -21,19 +21,27 @@ from etn_cli.metrics.reliability import RELIABILITY_METRICS
 from etn_cli.overrides import selection, selection_key
 from etn_cli.plan import Plan
 from etn_cli.provenance import etn_version, now
-from etn_cli.report.plots import frontier_plot, sweep_plots
+from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
+from etn_cli.report.comparison import Comparison, paired_comparison
+from etn_cli.report.frontier import frontier_plot
+from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render
+from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
+from etn_cli.store.artefacts.predictions import predictions_path
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
 # 3: one frontier file per metric, colour-blind palette; 5: sweep plots keep a colour per score,
 # swept values as ticks; 6: reliability diagrams; 7: distinct marker shapes, methods sharing
-# an accuracy spread sideways
-PLOTS_VERSION = 7
+# an accuracy spread sideways; 8: one marker per distinct result, Pareto-front labels, runtime
+# only when distinguishable, reliability panels per distinct probabilities, own y-range per sweep,
+# risk-coverage curves
+PLOTS_VERSION = 8
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
+RISK_COVERAGE = "risk-coverage"  # likewise
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 PLOT_RECORD = "plots.json"
 REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
@@ -53,16 +61,23 @@ def metrics_paths(plan: Plan) -> list[Path]:
 
 
 def table_text(
-    summary: pl.DataFrame, fmt: str, metric: str | None, fitted_on: str | None = None
+    summary: pl.DataFrame,
+    fmt: str,
+    metric: str | None,
+    fitted_on: str | None = None,
+    comparison: Comparison | None = None,
 ) -> str:
     """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote
-    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given)."""
+    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given);
+    with a paired ``comparison``, cells that differ significantly from its reference carry a
+    ``†``."""
     if fmt == "json":
         return results_json(summary)
-    table = view(summary, metric)
+    table = view(comparison.marked(summary, metric) if comparison else summary, metric)
     body = render(table, fmt)
     if fmt in ("table", "markdown"):
         note = footnote(table, metric) + (f"\n{fitted_on}" if fitted_on else "")
+        note += f"\n{comparison.note()}" if comparison else ""
         return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
     return body
 
@@ -126,27 +141,46 @@ def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
     return json.dumps(record, indent=1, default=str)
 
 
-def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tuple[str, list[Path]]:
+def report(
+    plan: Plan,
+    *,
+    fmt: str = "table",
+    metric: str | None = None,
+    compare: str | None = None,
+    bootstrap: int = BOOTSTRAP_SAMPLES,
+) -> tuple[str, list[Path]]:
     """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
-    return the table in ``fmt`` with the paths written (unchanged plots are not redrawn)."""
+    return the table in ``fmt`` with the paths written (unchanged plots are not redrawn).
+    ``compare`` names a reference method for paired comparisons (``bootstrap`` replicates),
+    whose table follows the results table."""
     metrics = with_shift_groups(read_metrics(metrics_paths(plan)), plan)
     summary = summarize(metrics)
     fitted_on = notes(metrics)
+    comparison = None
+    if compare is not None:
+        rows = [predictions_path(u.path) for u in plan.metrics]
+        comparison = paired_comparison(summary, metrics, rows, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, wanted in [("summary", None), ("aupr", "aupr"), ("calibration", "ece")] + (
-        [(metric, metric)] if metric not in (None, "aupr") else []
-    ):
+    for name, wanted in _tables(summary, metric):
         for each, suffix in TABLE_FILES.items():
             path = folder / f"{name}.{suffix}"
-            atomic_write_text(path, table_text(summary, each, wanted, fitted_on))
+            atomic_write_text(path, table_text(summary, each, wanted, fitted_on, comparison))
+            written.append(path)
+    if comparison is not None:
+        stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
+        for each, suffix in TABLE_FILES.items():
+            path = folder / f"{stem}.{suffix}"
+            atomic_write_text(path, comparison.table_text(each, metric))
             written.append(path)
     extra = {
         "pipeline_file": str(plan.pipeline.path),
         "selection": selection(plan.pipeline.overrides, plan.pipeline.only),
         "metrics_keys": [u.key for u in plan.metrics],
     }
+    if comparison is not None:
+        extra["comparisons"] = comparison.records()
     atomic_write_text(folder / "results.json", results_json(summary, extra))
     written.append(folder / "results.json")
     record_path = folder / PLOT_RECORD
@@ -159,7 +193,23 @@ def report(plan: Plan, *, fmt: str = "table", metric: str | None = None) -> tupl
             old.unlink(missing_ok=True)
     files = sorted(names)
     atomic_write_text(record_path, json.dumps({"key": key, "drawn": drawn, "files": files}))
-    return table_text(summary, fmt, metric, fitted_on), written
+    if fmt == "json":
+        return results_json(summary, extra), written
+    shown = table_text(summary, fmt, metric, fitted_on, comparison)
+    if comparison is not None:
+        shown = shown.rstrip("\n") + "\n\n" + comparison.table_text(fmt, metric)
+    return shown, written
+
+
+def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str | None]]:
+    """(file stem, view) of every table a report writes: the summary, the paper's AUPR,
+    calibration, selective prediction, conformal sets (when evaluated) and the ``--metric``."""
+    tables = [("summary", None), ("aupr", "aupr"), ("calibration", "ece")]
+    tables.append(("selective", "selective"))
+    if summary.filter(pl.col("metric") == "coverage").height:
+        tables.append(("conformal", "coverage"))
+    named = {wanted for _, wanted in tables}
+    return tables + ([(metric, metric)] if metric is not None and metric not in named else [])
 
 
 def _plots(
@@ -180,6 +230,8 @@ def _plots(
 
     plots = {name: ranking(name) for name in wanted}
     plots[RELIABILITY] = lambda: reliability_plot(metrics, folder)
+    rows = {u.key: predictions_path(u.path) for u in plan.metrics}
+    plots[RISK_COVERAGE] = lambda: risk_coverage_plot(metrics, rows, folder)
     for name, draw in plots.items():
         paths = [folder / f for f in drawn.get(name, [])]
         if not paths or not all(p.is_file() for p in paths):

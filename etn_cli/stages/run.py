@@ -71,18 +71,18 @@ def resolve_device(device: str) -> str:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
             raise EtnError(
-                f"--device {device}: this machine has no CUDA GPU (or torch {torch.__version__} "
+                f"Device {device!r}: this machine has no CUDA GPU (or torch {torch.__version__} "
                 "was built without CUDA). Use --device cpu, or leave --device out (auto)."
             )
         if parsed.index is not None and parsed.index >= count:
             raise EtnError(
-                f"--device {device}: this machine shows {count} CUDA GPU(s), cuda:0 to "
+                f"Device {device!r}: this machine shows {count} CUDA GPU(s), cuda:0 to "
                 f"cuda:{count - 1}. Pick one of those."
             )
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise EtnError(f"--device {device}: MPS is not available here. Use --device cpu.")
+        raise EtnError(f"Device {device!r}: MPS is not available here. Use --device cpu.")
     elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise EtnError(f"--device {device}: etn runs on cpu, cuda or mps, not {parsed.type}.")
+        raise EtnError(f"Device {device!r}: etn runs on cpu, cuda or mps, not {parsed.type}.")
     return device
 
 
@@ -219,16 +219,20 @@ def run_many(
     return outcomes
 
 
-def dry_run_report(paths: list[Path], data_dir: Path, options: RunOptions) -> str:
+def dry_run_report(
+    paths: list[Path], data_dir: Path, options: RunOptions, device: str | None = None
+) -> str:
     """What ``etn run`` would do: every unit of every pipeline, cached or to build, and the
-    totals. Nothing is loaded, trained or written."""
+    totals. Nothing is loaded, trained or written; the device is checked as a run checks it."""
     from etn_cli.backbones.base import read_only
     from etn_cli.stages.status import status
 
     parts = []
     for path in expand_paths(paths):
+        loaded = load_pipeline(path, options.overrides, options.only)
+        resolve_device(device or loaded.device)  # refused here as a run would refuse it
         with read_only():
-            plan = make_plan(load_pipeline(path, options.overrides, options.only), data_dir)
+            plan = make_plan(loaded, data_dir)
         units = status(plan)
         lines = [f"{path} (data directory {plan.data_dir}):"]
         for u in units:

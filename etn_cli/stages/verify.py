@@ -3,10 +3,11 @@
 An HDF5 file killed mid-write often still opens, with zero-filled rows, so "it opens" proves
 nothing: every feature split is checked against its manifest (checksums, row counts, shapes,
 finite values, unique index, the content key in its folder name), every head against the
-checksums in its ``train.json`` and by loading it, every metrics file by reading it and
-checking its columns and key, the backbone's classifier and the backbone folders by reading
-them. Leftovers of interrupted runs are listed apart: they are not damage, the next run resumes
-or replaces them, and ``--clean-partials`` deletes those no running etn process holds.
+checksums in its ``train.json`` and by loading it, every metrics file and per-row predictions
+file by reading it and checking its columns and key, the backbone's classifier and the backbone
+folders by reading them. Leftovers of interrupted runs are listed apart: they are not damage,
+the next run resumes or replaces them, and ``--clean-partials`` deletes those no running etn
+process holds.
 """
 
 from __future__ import annotations
@@ -111,6 +112,9 @@ def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], 
     for pipeline in _units(data_dir / "metrics"):
         for file in sorted(pipeline.glob("*.parquet")):
             found.append(("metrics files", file, _check_metrics, _rerun(file, "evaluate")))
+    for pipeline in _units(data_dir / "predictions"):
+        for file in sorted(pipeline.glob("*.parquet")):
+            found.append(("prediction files", file, _check_predictions, _rerun(file, "evaluate")))
     for folder in _units(data_dir / "backbones"):
         if "-finetune-" in folder.name:
             fix = _rerun(folder, "finetune")
@@ -191,6 +195,21 @@ def _check_metrics(path: Path) -> None:
     if missing or frame.height == 0:
         raise EtnError(f"Expected rows with columns {', '.join(METRICS_COLUMNS)}; missing "
                        f"{', '.join(missing) or 'no column'} in {frame.height} rows.")  # fmt: skip
+    keys = frame["metrics_key"].unique().to_list()
+    named = KEY_SUFFIX.search(path.stem)
+    if len(keys) != 1 or (named and keys[0] != named.group(1)):
+        raise EtnError(f"Its rows carry metrics_key {keys}, not the key in the file's name.")
+
+
+def _check_predictions(path: Path) -> None:
+    from etn_cli.store.artefacts.predictions import read_rows
+
+    frame = read_rows(path)  # checked against its sidecar before the Parquet reader runs
+    wanted = ("eval_set", "task", "row", "prediction", "metrics_key")
+    missing = [column for column in wanted if column not in frame.columns]
+    if missing or frame.height == 0:
+        raise EtnError(f"Expected per-row predictions; missing {', '.join(missing) or 'no column'} "
+                       f"in {frame.height} rows.")  # fmt: skip
     keys = frame["metrics_key"].unique().to_list()
     named = KEY_SUFFIX.search(path.stem)
     if len(keys) != 1 or (named and keys[0] != named.group(1)):

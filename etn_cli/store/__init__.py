@@ -31,6 +31,7 @@ dataset, split) as ``shard-00000.h5``, ``shard-00001.h5``, ... and ``manifest.js
 
 * ``classifier`` the backbone's final layer, saved once per backbone (safetensors).
 * ``headfiles`` a trained head's folder and the checksums in its ``train.json``.
+* ``predictions`` the per-row predictions ``evaluate`` keeps beside each metrics file.
 
 **Maintenance** (:mod:`etn_cli.store.maintenance`)
 

@@ -61,6 +61,11 @@ class Scorer(Head):
         """The logits the scorer classifies with: the backbone's unless it changes them."""
         return z
 
+    @property
+    def keeps_argmax(self) -> bool:
+        """A scorer that classifies with the backbone's own logits keeps its argmax."""
+        return type(self).scorer_logits is Scorer.scorer_logits
+
     # --------------------------------------------------------------- Head plumbing
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         if classifier is not None:
@@ -73,21 +78,18 @@ class Scorer(Head):
     def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
         logits, scores = [], []
         for start in range(0, len(h), SCORE_ROWS):
-            hc, zc = (
-                h[start : start + SCORE_ROWS].to(device),
-                z[start : start + SCORE_ROWS].to(device),
-            )
+            hc, zc = h[start : start + SCORE_ROWS], z[start : start + SCORE_ROWS]
             changed = self.scorer_logits(hc, zc)
             score = energy(changed) if self.energy_of_logits else self.score_rows(hc, zc)
             logits.append(changed.double().cpu())
             scores.append(score.double().cpu())
-        probs = torch.softmax(torch.cat(logits), dim=1).numpy()  # (N, C)
-        own = {self.score_name: torch.cat(scores).numpy()}
+        probs = torch.softmax(torch.cat(logits), dim=1).cpu().numpy()  # (N, C)
+        own = {self.score_name: torch.cat(scores).cpu().numpy()}
         return Prediction(probs, probability_scores(probs) | own)
 
     def _score(self, h, z, *, layers, device) -> np.ndarray:  # noqa: ANN001
         parts = [
-            self.score_rows(h[s : s + SCORE_ROWS].to(device), z[s : s + SCORE_ROWS].to(device))
+            self.score_rows(h[s : s + SCORE_ROWS], z[s : s + SCORE_ROWS])
             for s in range(0, len(h), SCORE_ROWS)
         ]
         return torch.cat(parts).double().cpu().numpy()

@@ -51,7 +51,7 @@ class ShardWriter:
         self,
         split_dir: Path,
         fingerprint: dict[str, Any],
-        shard_rows: int = 65536,
+        shard_rows: int = 8192,
         provenance: dict[str, Any] | None = None,
         *,
         replace: bool = False,
