@@ -15,7 +15,7 @@ finite optimum as on real data:
 ``--fit-rows`` / ``--test-rows`` shrink a shape for a quick look. Each scorer is fitted with
 its defaults and asked for its own score only (``head.score``); pytorch-ood's detector gets the
 same settings (k, percentiles, sparsity, d, ...) and the same tensors, fit + predict. The two
-are timed alternately, ``--repeats`` times each (best of; 15 times when both take under half a
+are timed alternately, ``--repeats`` times each (best of; 40 times when both take under half a
 second, once when both take over a second and are 3x apart after the first round). The
 reference is **one test x D x C product** (``X_test W^T``, best of the repeats): a scorer
 "keeps up" when its time is at most pytorch-ood's plus twice that product (the noise floor of
@@ -50,7 +50,7 @@ from etn_cli.heads.scorers.neighbours import normalise, top_inner_products
 
 WRONG = 0.2  # share of labels that disagree with the classifier
 CLEAR = 3.0  # a pair of slow ones this far apart after one round is not repeated
-CHEAP, CHEAP_ROUNDS = 0.5, 15  # seconds; rounds for pairs that both take less
+CHEAP, CHEAP_ROUNDS = 0.5, 40  # seconds; rounds for pairs that both take less
 
 
 @dataclass(frozen=True)
