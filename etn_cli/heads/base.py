@@ -128,6 +128,7 @@ class Head:
     seed_free: ClassVar[bool] = False  # nothing random: one seed stands for all
     reads_fit_rows: ClassVar[bool] = True  # False: fit reads only the sizes of its arrays
     reads_hidden: ClassVar[bool] = True  # False: fit and predict read only the logits
+    version: ClassVar[int] = 0  # raised when its results change for the same inputs: a new key
     own_score: ClassVar[str] = "mp"  # the OOD score ``score()`` returns
 
     def __init__(self, **settings: Any) -> None:

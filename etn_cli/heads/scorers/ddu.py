@@ -67,6 +67,7 @@ class DDU(Scorer):
     label = "DDU (GDA)"
     Config = DDUConfig
     score_name = "ddu"
+    version = 1  # issue 29: a jitter clear of rounding noise
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001

@@ -43,6 +43,7 @@ class MahalanobisPP(Whitened, Scorer):
     name = "mahalanobis_pp"
     label = "Mahalanobis++"
     score_name = "mahalanobis_pp"
+    version = 1  # issue 29: float64 covariance and distances
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
@@ -73,6 +74,7 @@ class RMDS(Whitened, Scorer):
     name = "rmds"
     label = "RMDS"
     score_name = "rmds"
+    version = 1  # issue 29: float64 covariance and distances
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001

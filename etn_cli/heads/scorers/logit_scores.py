@@ -36,6 +36,7 @@ class Entropy(Scorer):
     reads_fit_rows = reads_hidden = False
     label = "Entropy"
     score_name = "entropy"
+    version = 1  # issue 29: exact on rows whose p_max rounds to 1
     higher_means_id = False
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -70,6 +71,7 @@ class GEN(Scorer):
     label = "GEN"
     Config = GENConfig
     score_name = "gen"
+    version = 1  # issue 29: exact on rows whose p_max rounds to 1
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """In float64 blocks of rows; ``1 - p`` of the top class as ``r / (1 + r)`` (the rest

@@ -49,6 +49,7 @@ class SubspaceConfig(HeadConfig):
 
 class Subspace(Scorer):
     Config = SubspaceConfig
+    version = 1  # issue 29: float64 moment, QR origin
     needs_classifier = True
     needs_id_statistics = True
 

@@ -28,6 +28,7 @@ class TemperatureScaling(Scorer):
     name = "temperature"
     label = "Temperature scaling"
     score_name = "mp"
+    version = 1  # issue 29: the fallback where the NLL has no finite optimum
     reads_hidden = False
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
