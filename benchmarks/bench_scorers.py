@@ -16,7 +16,8 @@ finite optimum as on real data:
 its defaults and asked for its own score only (``head.score``); pytorch-ood's detector gets the
 same settings (k, percentiles, sparsity, d, ...) and the same tensors, fit + predict. The two
 are timed alternately, ``--repeats`` times each (best of; 40 times when both take under half a
-second, once when both take over a second and are 3x apart after the first round). The
+second, once when both take over a second and are 3x apart after the first round), in sweeps
+over all the scorers, so that a burst of load from other processes costs each one round. The
 reference is **one test x D x C product** (``X_test W^T``, best of the repeats): a scorer
 "keeps up" when its time is at most pytorch-ood's plus twice that product (the noise floor of
 the cheapest scorers, which read only the logits).
@@ -38,7 +39,7 @@ import argparse
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -186,29 +187,45 @@ def peers(shape: Shape, fit: tuple, test: tuple, clf: dict) -> dict[str, Callabl
     }  # fmt: skip
 
 
-def best_of_pair(mine: Callable, theirs: Callable | None, repeats: int) -> tuple:
-    """Alternate the two: ``repeats`` rounds, ``CHEAP_ROUNDS`` when both take under
-    ``CHEAP`` seconds (milliseconds are the noisiest), one when both take over a second and
-    are ``CLEAR``ly apart or the peer ran on fewer rows. The best time of each, and the
-    peer's scaling factor."""
-    our_s, their_s, factor = [], [], 1
-    rounds = repeats
-    for round_ in range(CHEAP_ROUNDS):
-        our_s.append(mine())
+@dataclass
+class Pair:
+    """One scorer's timings so far: ours, pytorch-ood's (if it has the detector), its scaling
+    factor, and how many sweeps it takes part in (decided after the first)."""
+
+    mine: Callable
+    theirs: Callable | None
+    ours_s: list[float] = field(default_factory=list)
+    theirs_s: list[float] = field(default_factory=list)
+    factor: int = 1
+    sweeps: int = 0
+
+    def time_once(self, repeats: int) -> None:
+        self.ours_s.append(self.mine())
         gc.collect()
-        if theirs is not None:
-            seconds, factor = theirs()
-            their_s.append(seconds)
+        if self.theirs is not None:
+            seconds, self.factor = self.theirs()
+            self.theirs_s.append(seconds)
             gc.collect()
-        if round_ == 0:
-            first = [our_s[0], *their_s]
+        if len(self.ours_s) == 1:
+            first = [self.ours_s[0], *self.theirs_s]
+            slow_and_clear = min(first) > 1.0 and max(first) > CLEAR * min(first)
             if max(first) < CHEAP:
-                rounds = max(repeats, CHEAP_ROUNDS)
-            elif factor > 1 or (min(first) > 1.0 and max(first) > CLEAR * min(first)):
-                rounds = 1
-        if round_ + 1 >= rounds:
-            break
-    return min(our_s), (min(their_s) if their_s else None), factor
+                self.sweeps = max(repeats, CHEAP_ROUNDS)
+            elif self.factor > 1 or slow_and_clear:
+                self.sweeps = 1
+            else:
+                self.sweeps = repeats
+
+
+def sweep_all(pairs: dict[str, Pair], repeats: int) -> None:
+    """Time every pair once per sweep, sweep after sweep, until each has had its sweeps: a
+    burst of load from other processes then costs each scorer one round, not all of them."""
+    sweep = 0
+    while any(sweep < (pair.sweeps or 1) for pair in pairs.values()):
+        for pair in pairs.values():
+            if sweep < (pair.sweeps or 1):
+                pair.time_once(repeats)
+        sweep += 1
 
 
 def faiss_against_torch(bank: torch.Tensor, queries: torch.Tensor, k: int) -> None:
@@ -239,19 +256,29 @@ def run(
         flush=True,
     )
     peer = peers(shape, fit, test, clf) if with_peers else {}
+    pairs, refused = {}, {}
+    for name in names:
+        try:  # a first fit tells a refusal (DDU at C = 1,000) before any timing
+            heads.get(name)().fit(fit[0][:2000], fit[1][:2000], fit[2][:2000], classifier=clf)
+        except EtnError as refusal:
+            refused[name] = str(refusal).splitlines()[0]
+            continue
+        pairs[name] = Pair(ours(name, fit, test, clf), peer.get(name))
+    sweep_all(pairs, repeats)
     columns = ("ours s", "pytorch-ood s", "ours/theirs", "excess/product", "")
     print(f"{'scorer':<15} " + " ".join(f"{c:>14}" for c in columns))
     for name in names:
-        try:
-            mine, theirs, factor = best_of_pair(ours(name, fit, test, clf), peer.get(name), repeats)
-        except EtnError as refusal:
-            print(f"{name:<15} refused: {str(refusal).splitlines()[0]}", flush=True)
+        if name in refused:
+            print(f"{name:<15} refused: {refused[name]}")
             continue
+        pair = pairs[name]
+        mine = min(pair.ours_s)
         cells = [f"{mine:.3f}", "–", "", "", ""]
-        if theirs is not None:
+        if pair.theirs_s:
+            theirs = min(pair.theirs_s)
             excess = (mine - theirs) / product
             cells[1:] = [
-                f"{theirs:.3f}" + (f" (x{factor})" if factor > 1 else ""),
+                f"{theirs:.3f}" + (f" (x{pair.factor})" if pair.factor > 1 else ""),
                 f"{mine / theirs:.2f}",
                 f"{excess:+.1f}",
                 "ok" if excess <= 2 else "SLOWER",

@@ -184,3 +184,20 @@ def test_ddu_densities_do_not_depend_on_the_last_bits_of_the_features():
         theirs = other.score(another_machine(data["test"], seed + 10), z_test)
         assert float(other.jitter_) == jitter
         assert roc_auc_score(is_id, theirs) == pytest.approx(auroc, abs=1e-3)
+
+
+def test_ddu_bisection_finds_the_jitter_a_scan_of_the_authors_list_finds():
+    from etn_cli.heads.scorers.ddu import JITTERS, smallest_jitter
+
+    data = silent_units()
+    h, y = torch.from_numpy(data["h"]).double(), torch.from_numpy(data["y"])
+    covs = torch.stack([torch.cov(h[y == c].T) for c in range(3)])  # (C, D, D), / (n_c - 1)
+    floor = covs.diagonal(dim1=1, dim2=2).amax(1) * 12 * torch.finfo(torch.float64).eps
+    for scale in (1.0, 1e-6, 1e6):  # the floor follows the variances
+        scanned = next(
+            eps
+            for eps in JITTERS
+            if ((f := torch.linalg.cholesky_ex(scale * covs + eps * torch.eye(12)))[1] == 0).all()
+            and (f[0].diagonal(dim1=1, dim2=2).square() > scale * floor[:, None]).all()
+        )
+        assert smallest_jitter(scale * covs)[0] == scanned > 0

@@ -45,20 +45,35 @@ class DDUConfig(HeadConfig):
 def smallest_jitter(covariances: torch.Tensor) -> tuple[float, torch.Tensor]:
     """The first jitter of ``JITTERS`` whose ``Sigma_c + eps I`` (C, D, D) all have a Cholesky
     factor with every squared pivot above ``D`` float64 epsilons of the class's largest
-    variance, and those factors (C, D, D)."""
+    variance, and those factors (C, D, D). Each pivot grows with ``eps`` (it is
+    ``1 / [(A_k + eps I)^-1]_kk`` of a leading block), so the first is found by bisection over
+    the list: about 9 factorisations instead of up to 310 in turn."""
     dim = covariances.shape[1]
     eye = torch.eye(dim, dtype=covariances.dtype, device=covariances.device)
     largest = covariances.diagonal(dim1=1, dim2=2).abs().amax(1)  # (C,)
     floor = largest * dim * torch.finfo(torch.float64).eps  # (C,)
-    for eps in JITTERS:
-        factors, info = torch.linalg.cholesky_ex(covariances + eps * eye)
+
+    def factorised(index: int) -> torch.Tensor | None:
+        factors, info = torch.linalg.cholesky_ex(covariances + JITTERS[index] * eye)
         pivots = factors.diagonal(dim1=1, dim2=2).square()  # (C, D)
-        if not info.any() and bool((pivots > floor[:, None]).all()):
-            return eps, factors
-    raise EtnError(
-        "DDU: the class covariances stay singular with every jitter up to 0.1. Check the "
-        "features (constant or duplicated columns)."
-    )
+        return factors if not info.any() and bool((pivots > floor[:, None]).all()) else None
+
+    if (found := factorised(0)) is not None:
+        return JITTERS[0], found
+    low, high = 0, len(JITTERS) - 1  # factorised(low) fails; high: to be checked
+    best = factorised(high)
+    if best is None:
+        raise EtnError(
+            "DDU: the class covariances stay singular with every jitter up to 0.1. Check the "
+            "features (constant or duplicated columns)."
+        )
+    while high - low > 1:
+        middle = (low + high) // 2
+        if (found := factorised(middle)) is None:
+            low = middle
+        else:
+            high, best = middle, found
+    return JITTERS[high], best
 
 
 @heads.register("ddu")
