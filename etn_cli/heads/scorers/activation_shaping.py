@@ -55,15 +55,21 @@ def ash_b(h: torch.Tensor, percentile: float) -> torch.Tensor:
     return torch.zeros_like(h).scatter_(1, index, fill)
 
 
+def kept_sum(values: torch.Tensor) -> torch.Tensor:
+    """``s2``, the sum of each row's kept values (N, 1), added in descending order as a sorted
+    ``topk`` returns them (the same float32 sum, bit for bit; sorting k values is cheap)."""
+    return values.sort(dim=1, descending=True).values.sum(1, keepdim=True)
+
+
 def ash_s(h: torch.Tensor, percentile: float) -> torch.Tensor:
     values, index = top_activations(h, percentile)
-    ratio = h.sum(1, keepdim=True) / values.sum(1, keepdim=True)
+    ratio = h.sum(1, keepdim=True) / kept_sum(values)
     return torch.zeros_like(h).scatter_(1, index, values * torch.exp(ratio))
 
 
 def scale(h: torch.Tensor, percentile: float) -> torch.Tensor:
     values, _ = top_activations(h, percentile)
-    return h * torch.exp(h.sum(1, keepdim=True) / values.sum(1, keepdim=True))
+    return h * torch.exp(h.sum(1, keepdim=True) / kept_sum(values))
 
 
 class Shaping(Scorer):

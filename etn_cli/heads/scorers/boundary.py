@@ -9,6 +9,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
 from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.statistics import float64_blocks
 
 
 @heads.register("fdbd")
@@ -61,9 +62,11 @@ class SHE(Scorer):
                 f"SHE stores the mean of the correctly classified ID rows of each class; classes "
                 f'{missing} have none. Use a larger fit split (fit = "train" in [data]).'
             )
-        sums = torch.zeros(z.shape[1], h.shape[1], dtype=torch.float64, device=h.device)
-        sums.index_add_(0, y[correct], h[correct].double())
-        self.patterns_ = (sums / counts[:, None]).float()  # (C, D)
+        sums = torch.zeros(z.shape[1] + 1, h.shape[1], dtype=torch.float64, device=h.device)
+        slot = torch.where(correct, y, z.shape[1])  # the wrong rows add into a last, unused row
+        for rows, block in float64_blocks(h):
+            sums.index_add_(0, slot[rows], block)
+        self.patterns_ = (sums[:-1] / counts[:, None]).float()  # (C, D)
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return (h * self.patterns_[z.argmax(dim=1)]).double().sum(1)

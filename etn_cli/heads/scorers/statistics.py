@@ -16,18 +16,38 @@ MOMENT_CELLS = 1 << 24  # float64 values per block (128 MiB): large blocks keep 
 
 
 def float64_blocks(
-    x: torch.Tensor, scale: torch.Tensor | None = None
+    x: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    centres: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
 ) -> Iterator[tuple[slice, torch.Tensor]]:
-    """``(rows, x[rows] in float64)`` over blocks of about ``MOMENT_CELLS`` values, each row
-    multiplied by its ``scale`` (N,) when given. One buffer serves every block (a fresh
-    float64 block per step costs as much as its product in page faults), so a block is valid
-    only until the next one."""
+    """``(rows, block)`` over blocks of about ``MOMENT_CELLS`` rows' values: ``x[rows]`` in
+    float64, each row multiplied by its ``scale`` (N,) when given, then less ``centres``
+    (D,), or ``centres[labels[rows]]`` for class centres (C, D), when given. The conversion
+    and the centring are one pass, and one buffer serves every block (a fresh float64 block
+    per step costs as much as its product in page faults), so a block is valid only until
+    the next one."""
     step = max(1, MOMENT_CELLS // x.shape[1])
-    buffer = torch.empty(min(step, len(x)), x.shape[1], dtype=torch.float64, device=x.device)
+    shape = (min(step, len(x)), x.shape[1])
+    buffer = torch.empty(shape, dtype=torch.float64, device=x.device)
+    gathered = None if labels is None else torch.empty_like(buffer)
+    if centres is not None:
+        centres = centres.to(torch.float64)
     for start in range(0, len(x), step):
         rows = slice(start, min(start + step, len(x)))
-        block = buffer[: rows.stop - start].copy_(x[rows])
-        yield rows, block if scale is None else block.mul_(scale[rows, None])
+        block = buffer[: rows.stop - start]
+        centre = centres
+        if labels is not None:
+            centre = torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
+        if scale is not None:
+            block.copy_(x[rows]).mul_(scale[rows, None])
+            if centre is not None:
+                block -= centre
+        elif centre is not None:
+            torch.sub(x[rows], centre, out=block)  # float32 - float64: computed in float64
+        else:
+            block.copy_(x[rows])
+        yield rows, block
 
 
 def second_moment(
@@ -44,15 +64,7 @@ def second_moment(
     inverse covariance read them (a float32 product perturbs the moment by about 1e-7 of its
     largest entry, which can exceed the gap at the cut)."""
     total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
-    centres = None if means is None else means.to(torch.float64)
-    gathered = None
-    for rows, block in float64_blocks(x, scale):
-        if centres is not None and labels is None:
-            block -= centres
-        elif centres is not None:
-            if gathered is None:
-                gathered = torch.empty_like(block)
-            block -= torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
+    for _, block in float64_blocks(x, scale, means, labels):
         total += gram(block)
     return total
 

@@ -76,7 +76,7 @@ class Subspace(Scorer):
         out = torch.empty(len(h), dtype=torch.float64, device=h.device)
         step = max(1, RESIDUAL_CELLS // basis.shape[1])
         for s in range(0, len(h), step):
-            projected = (h[s : s + step].float() @ basis).double().sub_(origin)  # (rows, D - d)
+            projected = torch.sub(h[s : s + step].float() @ basis, origin)  # (rows, D - d), f64
             out[s : s + step] = torch.linalg.vector_norm(projected, dim=1)
         return out
 
@@ -100,7 +100,7 @@ class ViM(Subspace):
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
         super().fit_scorer(h, z, y, classifier)
-        max_logit = z.double().max(dim=1).values.mean()
+        max_logit = z.max(dim=1).values.double().mean()
         self.alpha_ = max_logit / self.residual(h).mean()
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
