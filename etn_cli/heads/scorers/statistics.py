@@ -23,10 +23,9 @@ def float64_blocks(
 ) -> Iterator[tuple[slice, torch.Tensor]]:
     """``(rows, block)`` over blocks of about ``MOMENT_CELLS`` rows' values: ``x[rows]`` in
     float64, each row multiplied by its ``scale`` (N,) when given, then less ``centres``
-    (D,), or ``centres[labels[rows]]`` for class centres (C, D), when given. The conversion
-    and the centring are one pass, and one buffer serves every block (a fresh float64 block
-    per step costs as much as its product in page faults), so a block is valid only until
-    the next one."""
+    (D,), or ``centres[labels[rows]]`` for class centres (C, D), when given. One buffer serves
+    every block (a fresh float64 block per step costs as much as its product in page faults),
+    so a block is valid only until the next one."""
     step = max(1, MOMENT_CELLS // x.shape[1])
     shape = (min(step, len(x)), x.shape[1])
     buffer = torch.empty(shape, dtype=torch.float64, device=x.device)
@@ -39,14 +38,11 @@ def float64_blocks(
         centre = centres
         if labels is not None:
             centre = torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
+        block.copy_(x[rows])  # then in place: torch's mixed-dtype ops are 4x slower
         if scale is not None:
-            block.copy_(x[rows]).mul_(scale[rows, None])
-            if centre is not None:
-                block -= centre
-        elif centre is not None:
-            torch.sub(x[rows], centre, out=block)  # float32 - float64: computed in float64
-        else:
-            block.copy_(x[rows])
+            block.mul_(scale[rows, None])
+        if centre is not None:
+            block -= centre
         yield rows, block
 
 

@@ -76,7 +76,7 @@ class Subspace(Scorer):
         out = torch.empty(len(h), dtype=torch.float64, device=h.device)
         step = max(1, RESIDUAL_CELLS // basis.shape[1])
         for s in range(0, len(h), step):
-            projected = torch.sub(h[s : s + step].float() @ basis, origin)  # (rows, D - d), f64
+            projected = (h[s : s + step].float() @ basis).double().sub_(origin)  # (rows, D - d)
             out[s : s + step] = torch.linalg.vector_norm(projected, dim=1)
         return out
 
