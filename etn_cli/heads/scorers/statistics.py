@@ -12,6 +12,7 @@ import torch
 from etn_cli.heads.scorers.base import check_every_class
 
 DISTANCE_CELLS = 1 << 20  # float64 values of a block of rows in squared_distances
+NUMPY_FROM = 1024  # dimensions from which numpy's float64 syrk and eigh beat torch's
 MOMENT_CELLS = 1 << 24  # float64 values per block (128 MiB): large blocks keep syrk efficient
 
 
@@ -66,11 +67,13 @@ def second_moment(
 
 
 def gram(block: torch.Tensor) -> torch.Tensor:
-    """``block^T block`` (D, D) of a float64 block; on the CPU through numpy, whose
-    ``a.T @ a`` is one symmetric rank-k update (``dsyrk``: half the products of a general
-    matrix product, about 1.2x a float32 ``torch.mm`` of the same block on this project's
-    machine instead of torch's 2.3x)."""
-    if block.device.type != "cpu":
+    """``block^T block`` (D, D) of a float64 block. From ``NUMPY_FROM`` dimensions on the
+    CPU through numpy, whose ``a.T @ a`` is one symmetric rank-k update (``dsyrk``: half the
+    products of a general one; at D = 2,048 about a float32 ``torch.mm`` of the same block
+    on this project's machine, where torch's float64 product takes 2x as long); below, torch's
+    own product (numpy's thread pool beside torch's stalls a 2-core machine under load: ViM
+    at D = 512 took 2.3 s against 1.0 s with torch)."""
+    if block.device.type != "cpu" or block.shape[1] < NUMPY_FROM:
         return block.T @ block
     rows = block.numpy()
     return torch.from_numpy(rows.T @ rows)
@@ -117,16 +120,18 @@ def precision(cov: torch.Tensor) -> torch.Tensor:
 
 
 def symmetric_eigenvectors(matrix: torch.Tensor) -> torch.Tensor:
-    """Eigenvectors (columns, ascending eigenvalues) of a symmetric matrix, by numpy's
-    float64 ``eigh``. Measured side by side at D = 2,048 on this project's machine (ViM's
-    second moment of 128,000 ResNet-50-shaped rows): numpy float64 7.3 s, numpy float32
-    7.7-12.9 s, SciPy's float32 ``syevd`` 6.4 s, torch float32 6.3 s, torch float64 11-13 s;
-    the residual norms on the 1,048 trailing eigenvectors differ from torch float64's by
-    2e-14 (numpy float64), 5e-7 (numpy float32) and 2e-4 (SciPy's and torch's float32)
-    relative: float64 costs nothing here and keeps the subspace exact where the spectrum is
-    nearly degenerate at the cut."""
-    _, vectors = np.linalg.eigh(matrix.double().cpu().numpy())
-    return torch.from_numpy(vectors).to(matrix.device)
+    """Eigenvectors (columns, ascending eigenvalues) of a symmetric matrix in float64: numpy's
+    ``eigh`` from ``NUMPY_FROM`` dimensions on the CPU, torch's below (see :func:`gram`).
+    Measured side by side at D = 2,048 on this project's machine (ViM's second moment of
+    128,000 ResNet-50-shaped rows): numpy float64 7.3 s, numpy float32 7.7-12.9 s, SciPy's
+    float32 ``syevd`` 6.4 s, torch float32 6.3 s, torch float64 11-13 s; the residual norms on
+    the 1,048 trailing eigenvectors differ from torch float64's by 2e-14 (numpy float64), 5e-7
+    (numpy float32) and 2e-4 (SciPy's and torch's float32) relative: float64 costs nothing
+    here and keeps the subspace exact where the spectrum is nearly degenerate at the cut."""
+    if matrix.device.type != "cpu" or matrix.shape[0] < NUMPY_FROM:
+        return torch.linalg.eigh(matrix.double())[1]
+    _, vectors = np.linalg.eigh(matrix.double().numpy())
+    return torch.from_numpy(vectors)
 
 
 def min_norm_solution(weight: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
