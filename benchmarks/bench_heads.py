@@ -195,9 +195,10 @@ def main() -> None:
         print(f"{entry:<16} {fit_s:>9.2f} {fit_s / etn_s:>7.2f} {predict_s:>10.3f} "
               f"{per_row_us:>8.1f} {ratio:>10.0f}{floor}", flush=True)  # fmt: skip
     if args.shape == "imagenet" and not args.no_scorers:  # scorers with ImageNet-scale statistics
-        from bench_scorers import run  # noqa: PLC0415 - the script beside this one
+        import bench_scorers  # noqa: PLC0415 - the script beside this one
 
-        run(args.fit_rows, ["map", "energy", "mahalanobis", *SCORERS])
+        shape = dataclasses.replace(bench_scorers.SHAPES["imagenet"], fit_rows=args.fit_rows)
+        bench_scorers.run(shape, ["map", "energy", "mahalanobis", *SCORERS])
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import numpy as np
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HEAD_FORMAT
+from etn_cli.heads.calibration import CALIBRATION_VERSION
 from etn_cli.own_features.units import drop_unusable
 from etn_cli.pipeline import HeadSpec, Pipeline, check_groups
 from etn_cli.plan_own import own_features
@@ -336,6 +337,10 @@ def _head_units(plan: Plan) -> list[HeadUnit]:
                 else None,
                 "head_format": HEAD_FORMAT,
             }
+            if head.version:  # only then: every other head keeps its key
+                fp["version"] = head.version
+            if head.config.calibrate != "none":
+                fp["calibration"] = CALIBRATION_VERSION
             key = fingerprint_key(fp)
             label = head_label(spec, head)
             path = plan.data_dir / "heads" / f"{head.name}-{key}"

@@ -1,6 +1,6 @@
 """Post-hoc temperature scaling (``calibrate = "temperature"``, Guo et al. 2017): the fitted
 temperature against an independent 1-D optimisation, the argmax and every score unchanged,
-the perfect-separation guard, and the save/load round trip."""
+the fallback where the NLL has no finite optimum, and the save/load round trip."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from scipy.optimize import minimize_scalar
 
 from etn_cli.errors import EtnError
 from etn_cli.heads import Head, heads
-from etn_cli.heads.calibration import T_MAX, T_MIN, apply_temperature, fit_temperature
+from etn_cli.heads.calibration import (
+    T_MAX,
+    T_MIN,
+    apply_temperature,
+    fallback,
+    fit_temperature,
+)
 from etn_cli.metrics.evaluation import classification_metrics
 
 
@@ -61,16 +67,30 @@ def test_temperature_sharpens_under_confident_probabilities_and_lowers_their_ece
     np.testing.assert_array_equal(calibrated.argmax(1), probs.argmax(1))
 
 
-def test_a_perfectly_classified_adaptation_set_gets_a_bounded_temperature_and_a_warning():
+def test_a_perfectly_classified_adaptation_set_falls_back_to_laplaces_rule_and_says_so():
     probs, _ = _probs(50, 4, 4, 0.0)
     labels = probs.argmax(axis=1)  # every prediction right: the NLL falls all the way to T -> 0
-    with pytest.warns(UserWarning, match=r"all 50 adaptation samples .* no minimiser"):
+    with pytest.warns(UserWarning, match=r"no minimiser \(50 of 50 .*Laplace's rule") as caught:
         record = fit_temperature(probs, labels)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)  # one line
     calibrated = apply_temperature(probs, record["temperature"])
-    assert record["rule"] == "perfect-adaptation"
+    assert record["rule"] == "laplace" and record["correct"] == 50
     assert T_MIN <= record["temperature"] <= T_MAX
     assert calibrated.max(axis=1).mean() == pytest.approx(51 / 52, abs=1e-8)
     assert calibrated.max(axis=1).min() < 0.99  # not every probability pushed to 0 or 1
+    assert fallback(record) == "T by Laplace's rule"
+
+
+def test_errors_too_small_to_stop_the_nll_before_t_min_fall_back_with_their_count():
+    probs, _ = _probs(60, 4, 6, 0.0)
+    labels = probs.argmax(axis=1)
+    second = np.argsort(probs, axis=1)[:, -2]
+    probs[0, second[0]] = probs[0, labels[0]] * (1 + 1e-9)  # one error, by a hair
+    with pytest.warns(UserWarning, match=r"59 of 60"):
+        record = fit_temperature(probs, labels)
+    calibrated = apply_temperature(probs, record["temperature"])
+    assert record["rule"] == "laplace"
+    assert calibrated.max(axis=1).mean() == pytest.approx(60 / 62, abs=1e-8)
 
 
 def test_a_temperature_beyond_the_bounds_is_kept_at_the_bound_and_said():
@@ -79,6 +99,7 @@ def test_a_temperature_beyond_the_bounds_is_kept_at_the_bound_and_said():
     with pytest.warns(UserWarning, match="bound"):
         record = fit_temperature(probs, labels)
     assert record["rule"] == "bound" and record["temperature"] == pytest.approx(T_MAX)
+    assert fallback(record) == "T kept at the bound 100"
 
 
 def _fit_pair(name: str, data) -> tuple[Head, Head]:

@@ -1,6 +1,7 @@
 """Calibration end to end: a temperature-scaled ETN beside the plain one through ``etn run``
 (same ranking metrics, its own ECE, the temperature in the provenance), the reliability bins
-in the metrics files, and the reliability diagrams and calibration table ``etn report`` writes."""
+in the metrics files, the reliability diagrams and calibration table ``etn report`` writes,
+and a perfectly classified adaptation split whose temperatures fall back to a rule."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_the_fitted_temperature_is_in_the_head_and_train_records(finished):
     record = json.loads((folder / "train.json").read_text())
     assert record["calibration"] == scaled[0]["calibration"]
     assert scaled[0]["calibration"]["temperature"] > 0
-    assert scaled[0]["calibration"]["rule"] in ("nll", "perfect-adaptation", "bound")
+    assert scaled[0]["calibration"]["rule"] in ("nll", "laplace", "bound")
 
 
 def test_the_reliability_bins_add_up_to_the_test_set_and_reproduce_the_ece(finished):
@@ -139,3 +140,45 @@ def test_the_diagram_pools_seeds_by_their_counts():
     assert n[-1] == 4 and acc[-1] == pytest.approx(2 / 4)
     assert conf[-1] == pytest.approx((0.95 + 0.95 + 0.97 + 0.96) / 4)
     assert np.isnan(acc[:-1]).all()
+
+
+FALLBACK = """
+name = "fb"
+seeds = [0]
+[features]
+adapt = "mine/adapt.npz"
+test = "mine/test.npz"
+ood = ["mine/ood.npz"]
+[[heads]]
+name = "map"
+[[heads]]
+name = "temperature"
+[[heads]]
+name = "map"
+calibrate = "temperature"
+"""
+
+
+def test_a_perfectly_classified_adaptation_split_falls_back_warns_and_is_footnoted(tmp_path):
+    rng = np.random.default_rng(0)
+    weight, bias = rng.normal(size=(3, 6)), rng.normal(size=3)
+    (tmp_path / "mine").mkdir()
+    for name, spread in (("adapt", 1.0), ("test", 1.0), ("ood", 3.0)):
+        labels = rng.integers(0, 3, 80)
+        hidden = (weight[labels] * 2 + rng.normal(size=(80, 6)) * spread).astype(np.float32)
+        logits = (hidden @ weight.T + bias).astype(np.float32)
+        if name == "adapt":  # every adaptation row right: no finite NLL optimum
+            labels = logits.argmax(1)
+        np.savez(tmp_path / "mine" / f"{name}.npz", hidden=hidden, logits=logits, labels=labels)
+    (tmp_path / "fb.toml").write_text(FALLBACK)
+    code, output = etn("run", tmp_path / "fb.toml", "-d", tmp_path / "data")
+    assert code == 0, output
+    warned = [line for line in output.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 2 and all("Laplace's rule" in line for line in warned)
+    assert not any("UserWarning" in line for line in output.splitlines())  # no source lines
+    note = " ".join(output[output.index("Fell back to a rule") :].split("\n")[:3])
+    assert "Temperature scaling (T by Laplace's rule)" in " ".join(note.split())
+    assert "MAP + TS (T by Laplace's rule)" in " ".join(note.split())
+    records = [json.loads(p.read_text()) for p in (tmp_path / "data" / "heads").glob("*/head.json")]
+    rules = sorted(str((r["calibration"] or {}).get("rule")) for r in records)
+    assert rules == ["None", "laplace", "laplace"]

@@ -364,6 +364,20 @@ EXPECTED = {
 }
 
 
+def test_a_heads_version_gives_new_keys_to_its_own_units_only(
+    reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from etn_cli.heads import heads
+
+    data = fresh_data(tmp_path, reference)
+    base = keys_of(tmp_path, PIPELINE, data)
+    monkeypatch.setattr(heads.get("map"), "version", 1)
+    other = keys_of(tmp_path, PIPELINE, data)
+    for kind in ("heads", "metrics"):
+        renewed = [a != b for a, b in zip(base[kind], other[kind], strict=True)]
+        assert renewed == [name.startswith("map-") for name in base[kind]], kind
+
+
 @pytest.mark.parametrize("change", list(DIGITS_CHANGES))
 def test_each_input_of_a_digits_pipeline_gives_new_keys_exactly_where_it_should(
     change: str, reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -12,7 +12,7 @@ import torch
 from scipy.special import logsumexp, softmax
 
 from etn_cli.errors import EtnError
-from etn_cli.heads import heads
+from etn_cli.heads import Head, heads
 from etn_cli.heads.scorers.base import Scorer
 from tests.scorer_data import make_scorer_data
 
@@ -69,6 +69,34 @@ def test_logit_only_scores(data):
     assert_close(own("gradnorm", data), np.abs(p - 0.25).sum(1) * np.abs(data.h_test).sum(1))
 
 
+def test_gen_and_entropy_of_confident_rows_keep_the_other_classes_mass():
+    # p_max rounds to 1 in float64: 1 - p_max must come from the other classes' mass
+    z = np.array([[40.0, 0.0, -1.0, 2.0], [45.0, 3.0, 1.0, -3.0]], np.float32)
+    h = np.ones((2, 3), np.float32)
+    d = z.astype(np.float64) - z.max(1, keepdims=True)
+    e = np.exp(d)
+    p = e / e.sum(1, keepdims=True)
+    rest = np.sort(e, axis=1)[:, :-1].sum(1)  # the non-top terms, without 1 + r - 1
+    q = np.where(d == 0, (rest / (1 + rest))[:, None], 1.0 - p)  # 1 - p, top class exactly
+    gen = -(p**0.1 * q**0.1).sum(1)
+    entropy = np.log1p(rest) - (e * d).sum(1) / (1 + rest)
+    fitted = {n: heads.get(n)().fit(h, z, np.array([0, 0])) for n in ("gen", "entropy")}
+    assert_close(fitted["gen"].score(h, z), gen, rtol=1e-12, atol=0)
+    assert_close(fitted["entropy"].score(h, z), entropy, rtol=1e-12, atol=0)
+    assert ((1.0 - p.max(1)) == 0).all()  # the naive formula would give gen's top term 0
+
+
+@pytest.mark.parametrize("name", ["map", "energy", "max_logit", "entropy", "gen", "temperature"])
+def test_a_logit_only_head_neither_reads_nor_scans_the_hidden_states(name, data):
+    unread = np.full_like(data.h_fit, np.nan)  # a NaN here would be refused if it were read
+    head = heads.get(name)().fit(unread, data.z_fit, data.y_fit)
+    plain = heads.get(name)().fit(data.h_fit, data.z_fit, data.y_fit)
+    test_unread = np.full_like(data.h_test, np.nan)
+    np.testing.assert_array_equal(
+        head.score(test_unread, data.z_test), plain.score(data.h_test, data.z_test)
+    )
+
+
 def test_temperature_minimises_the_adaptation_nll(data):
     head = fitted("temperature", data)
     t = float(head.temperature_)
@@ -84,6 +112,22 @@ def test_temperature_minimises_the_adaptation_nll(data):
     prediction = head.predict(data.h_test, data.z_test)
     assert_close(prediction.probs, scaled)
     assert (prediction.predictions == data.z_test.argmax(1)).all()
+
+
+def test_temperature_on_a_perfectly_classified_split_falls_back_to_laplaces_rule(data, tmp_path):
+    y = data.z_fit.argmax(1)  # every adaptation row right: the NLL falls all the way to T -> 0
+    with pytest.warns(UserWarning, match="Laplace's rule"):
+        head = heads.get("temperature")().fit(data.h_fit, data.z_fit, y)
+    t, n = head.temperature_, len(y)
+    confidence = softmax(data.z_fit.astype(np.float64) / t, axis=1).max(1).mean()
+    assert head.calibration_["rule"] == "laplace"
+    assert confidence == pytest.approx((n + 1) / (n + 2), abs=1e-8)
+    expected = softmax(data.z_test.astype(np.float64) / t, axis=1).max(1)
+    assert_close(head.score(data.h_test, data.z_test), expected, rtol=1e-6, atol=0)
+    head.save(tmp_path)
+    loaded = Head.load(tmp_path)
+    assert loaded.calibration_ == head.calibration_
+    assert_close(loaded.predict(data.h_test, data.z_test).probs, softmax(data.z_test / t, axis=1))
 
 
 def test_kl_matching_against_templates_of_predicted_classes(data):
@@ -301,4 +345,4 @@ def test_aliases_find_the_registered_heads():
     assert heads.get("msp") is heads.get("map")
     assert heads.get("ebo") is heads.get("energy")
     assert heads.get("mds") is heads.get("mahalanobis")
-    assert heads.aliases_of("ash_s") == ["ash"]
+    assert heads.aliases_of("ash_b") == ["ash"]

@@ -109,9 +109,13 @@ class Head:
     (C,)) for heads that start from it (``needs_classifier``). A head that estimates ID
     statistics (``needs_id_statistics``: class means, covariances, a bank of neighbours) is fitted
     on the pipeline's ``fit`` split when it has one; a ``seed_free`` head draws nothing at random
-    and is fitted for the first seed only. ``layers`` maps names to extra
-    per-sample arrays (N, D_l) that extract stored when the pipeline asked for them: pooled
-    intermediate layers (``needs_layers``) or ODIN's perturbed logits; empty otherwise.
+    and is fitted for the first seed only. Arrays a head never reads are not scanned for NaN
+    (0.2 s at 128,000 x 2,048): its fit arrays when its fit reads no row (``reads_fit_rows``
+    False: nothing to learn, or the classifier only), ``hidden`` when it reads only the logits
+    (``reads_hidden`` False).
+    ``layers`` maps names to extra per-sample arrays (N, D_l) that extract stored when the
+    pipeline asked for them: pooled intermediate layers (``needs_layers``) or ODIN's perturbed
+    logits; empty otherwise.
     """
 
     name: ClassVar[str]
@@ -122,6 +126,9 @@ class Head:
     needs_layers: ClassVar[bool] = False  # consumes pooled intermediate layers (``layers``)
     needs_id_statistics: ClassVar[bool] = False  # fitted on the ``[data] fit`` split if given
     seed_free: ClassVar[bool] = False  # nothing random: one seed stands for all
+    reads_fit_rows: ClassVar[bool] = True  # False: fit reads only the sizes of its arrays
+    reads_hidden: ClassVar[bool] = True  # False: fit and predict read only the logits
+    version: ClassVar[int] = 0  # raised when its results change for the same inputs: a new key
     own_score: ClassVar[str] = "mp"  # the OOD score ``score()`` returns
 
     def __init__(self, **settings: Any) -> None:
@@ -179,7 +186,8 @@ class Head:
     ) -> Head:
         """Fit on adaptation features: ``hidden`` (N, D), ``logits`` (N, C), ``labels`` (N,),
         and optionally ``layers`` (name -> (N, D_l))."""
-        h, z = check_features(hidden, logits)
+        rows_read = self.reads_fit_rows or self.config.calibrate != "none"
+        h, z = check_features(hidden, logits, scan=self._read_arrays() if rows_read else ())
         y = check_labels(labels, len(h), z.shape[1])
         extra = self._check_layers(layers, len(h))
         if self.needs_classifier and classifier is None:
@@ -245,7 +253,7 @@ class Head:
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         if self.n_classes_ is None:
             raise EtnError(f"Head {self.name!r} is not fitted. Call fit(...) or load it first.")
-        h, z = check_features(hidden, logits)
+        h, z = check_features(hidden, logits, scan=self._read_arrays())
         if h.shape[1] != self.n_features_ or z.shape[1] != self.n_classes_:
             raise EtnError(
                 f"Head {self.name!r} was fitted on hidden size {self.n_features_} and "
@@ -253,6 +261,10 @@ class Head:
                 "from the same backbone."
             )
         return h, z, self._check_layers(layers, len(h))
+
+    def _read_arrays(self) -> tuple[str, ...]:
+        """The feature arrays this head reads, which are scanned for NaN."""
+        return ("hidden", "logits") if self.reads_hidden else ("logits",)
 
     def save(self, folder: Path) -> None:
         """Write ``head.json`` (name, config, dims) and ``weights.safetensors``."""
@@ -342,8 +354,11 @@ def to_tensor(x: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.as_tensor(np.asarray(x), dtype=dtype)
 
 
-def check_features(hidden: Any, logits: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 tensors ``hidden`` (N, D) and ``logits`` (N, C), finite, with matching N."""
+def check_features(
+    hidden: Any, logits: Any, *, scan: tuple[str, ...] = ("hidden", "logits")
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 tensors ``hidden`` (N, D) and ``logits`` (N, C), with matching N, and finite
+    where ``scan`` names them (the others are read by no one)."""
     h, z = to_tensor(hidden, torch.float32), to_tensor(logits, torch.float32)
     if h.ndim != 2 or z.ndim != 2:
         raise EtnError(
@@ -355,7 +370,8 @@ def check_features(hidden: Any, logits: Any) -> tuple[torch.Tensor, torch.Tensor
     if z.shape[1] < 2:
         raise EtnError(f"Expected at least 2 classes in logits, got {z.shape[1]}.")
     for name, t in (("hidden", h), ("logits", z)):
-        if bool(torch.isfinite(t.sum())):  # one reduction: no inf or NaN anywhere (fast path)
+        # one reduction: no inf or NaN anywhere (fast path)
+        if name not in scan or bool(torch.isfinite(t.sum())):
             continue
         bad = (~torch.isfinite(t)).any(dim=1).nonzero().flatten()
         if len(bad):

@@ -1,7 +1,8 @@
 """Energy-based OOD score (Liu et al., NeurIPS 2020): ``E(z) = -T logsumexp(z / T)``.
 
 The score reported is the negative energy ``T logsumexp(z / T)`` (higher = more ID); the
-class probabilities stay the backbone's softmax. Nothing is learned.
+class probabilities stay the backbone's softmax. Nothing is learned. ``temperature = 1`` is
+the paper's (and OpenOOD's ``ebo.yml``, pytorch-ood's).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.scorers import softmax_terms
 from etn_cli.metrics.scores import probability_scores
 
 
@@ -25,6 +27,7 @@ class Energy(Head):
     label = "Energy"
     family = "posthoc"
     seed_free = True
+    reads_fit_rows = reads_hidden = False
     keeps_argmax = True  # the softmax of the backbone's logits
     own_score = "energy"
     Config = EnergyConfig
@@ -41,5 +44,6 @@ class Energy(Head):
         return Prediction(probs, scores)
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
-        t = self.config.temperature
-        return (t * torch.logsumexp(z.double() / t, 1)).cpu().numpy()
+        """The energy alone, in one pass of row blocks
+        (:func:`~etn_cli.heads.scorers.softmax_terms.energy`)."""
+        return softmax_terms.energy(z, self.config.temperature).cpu().numpy()

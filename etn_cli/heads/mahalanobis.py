@@ -32,6 +32,7 @@ class Mahalanobis(Head):
     seed_free = True
     keeps_argmax = True  # the softmax of the backbone's logits
     own_score = "md"
+    version = 1  # issue 29: float64 covariance and distances
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
         self.means_ = class_means(h, y, z.shape[1], "Mahalanobis")  # (C, D)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from etn_cli.heads.base import Head, Prediction, heads
+from etn_cli.heads.scorers.softmax_terms import max_probability
 from etn_cli.metrics.scores import probability_scores
 
 
@@ -16,6 +17,7 @@ class MAP(Head):
     label = "MAP"
     family = "posthoc"
     seed_free = True
+    reads_fit_rows = reads_hidden = False
     keeps_argmax = True  # the softmax of the backbone's logits
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
@@ -26,6 +28,6 @@ class MAP(Head):
         return Prediction(probs, probability_scores(probs))
 
     def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
-        """MP alone: ``max_i softmax(z)_i = 1 / sum_i exp(z_i - max z)``, no (N, C) output."""
-        z = z.double()
-        return torch.exp(z.max(dim=1).values - torch.logsumexp(z, dim=1)).cpu().numpy()
+        """MP alone: ``max_i softmax(z)_i = 1 / sum_i exp(z_i - max z)``, no (N, C) output
+        (:func:`~etn_cli.heads.scorers.softmax_terms.max_probability`)."""
+        return max_probability(z).cpu().numpy()

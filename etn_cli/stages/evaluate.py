@@ -19,6 +19,7 @@ import polars as pl
 
 from etn_cli import progress
 from etn_cli.heads.base import Head, Prediction
+from etn_cli.heads.calibration import fallback as temperature_fallback
 from etn_cli.metrics.evaluation import (
     MetricValue,
     classification_metrics,
@@ -215,6 +216,8 @@ def metrics_frame(
         "backbone_passes": int(meta["backbone_passes"]),
         "n_test": int(meta["n_test"]),
         "fit_split": meta["fit_split"],  # the split the head was fitted on, with its rows
+        # how a fitted temperature fell back to a rule (no finite NLL optimum), else None
+        "fit_fallback": temperature_fallback(fitted.calibration_),
         # where the final layer a last-layer head started from came from (fitted, given, ...)
         "classifier": describe(classifier_record(plan.classifier_path))
         if head.head.needs_classifier
@@ -234,6 +237,7 @@ def metrics_frame(
     return frame.with_columns(
         pl.col("backbone_s_per_sample").cast(pl.Float64),
         pl.col("fit_split").cast(pl.String),
+        pl.col("fit_fallback").cast(pl.String),
         pl.col("classifier").cast(pl.String),
     )
 

@@ -11,6 +11,7 @@ Figures a run no longer draws are removed, so the folder never shows stale resul
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import polars as pl
@@ -67,8 +68,9 @@ def table_text(
     comparison: Comparison | None = None,
 ) -> str:
     """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote
-    (with ``fitted_on``, the splits the heads were fitted on, when given); with a paired
-    ``comparison``, cells that differ significantly from its reference carry a ``†``."""
+    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given);
+    with a paired ``comparison``, cells that differ significantly from its reference carry a
+    ``†``."""
     if fmt == "json":
         return results_json(summary)
     table = view(comparison.marked(summary, metric) if comparison else summary, metric)
@@ -78,6 +80,12 @@ def table_text(
         note += f"\n{comparison.note()}" if comparison else ""
         return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
     return body
+
+
+def notes(metrics: pl.DataFrame) -> str | None:
+    """The footnote's lines on how the heads were fitted: the splits, and any fallbacks."""
+    lines = [note for note in (fit_splits_note(metrics), fallbacks_note(metrics)) if note]
+    return "\n".join(lines) or None
 
 
 def fit_splits_note(metrics: pl.DataFrame) -> str | None:
@@ -94,6 +102,27 @@ def fit_splits_note(metrics: pl.DataFrame) -> str | None:
     )
     parts = [f"{split}: {n} method{'s' * (n != 1)}" for split, n in counts.iter_rows()]
     return f"Fitted on {'; '.join(parts)}." if parts else None
+
+
+def fallbacks_note(metrics: pl.DataFrame) -> str | None:
+    """``Fell back to a rule (no finite adaptation-NLL optimum): Temperature scaling (T by
+    Laplace's rule).``: the methods whose fitted temperature is a fallback rule's rather than
+    the NLL's minimiser (:mod:`etn_cli.heads.calibration`), from the ``fit_fallback`` column;
+    None when there are none or the files predate it."""
+    if "fit_fallback" not in metrics.columns:
+        return None
+    fell = (
+        metrics.filter(pl.col("fit_fallback").is_not_null())
+        .select("method_label", "fit_fallback")
+        .unique(maintain_order=True)
+        .group_by("method_label", maintain_order=True)
+        .agg(pl.col("fit_fallback").unique(maintain_order=True))
+    )
+    parts = [f"{label} ({'; '.join(rules)})" for label, rules in fell.iter_rows()]
+    if not parts:
+        return None
+    line = f"Fell back to a rule (no finite adaptation-NLL optimum): {', '.join(parts)}."
+    return textwrap.fill(line, width=80, break_long_words=False, break_on_hyphens=False)
 
 
 def _md_note(note: str) -> str:
@@ -126,7 +155,7 @@ def report(
     whose table follows the results table."""
     metrics = with_shift_groups(read_metrics(metrics_paths(plan)), plan)
     summary = summarize(metrics)
-    fitted_on = fit_splits_note(metrics)
+    fitted_on = notes(metrics)
     comparison = None
     if compare is not None:
         rows = [predictions_path(u.path) for u in plan.metrics]
@@ -251,7 +280,7 @@ def report_files(paths: list[Path], *, fmt: str = "table", metric: str | None = 
 
     metrics = read_metrics(paths)
     summary = summarize(metrics)
-    fitted_on = fit_splits_note(metrics)
+    fitted_on = notes(metrics)
     if fmt == "json":
         return results_json(summary)
     parts = split_by_backbone(summary)

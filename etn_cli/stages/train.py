@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from functools import cache
 from pathlib import Path
 
@@ -108,15 +109,19 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
         weight, bias = classifier_for(plan)  # the backbone's, given, or fitted (own features)
         classifier = {"weight": torch.as_tensor(weight), "bias": torch.as_tensor(bias)}
     started = time.perf_counter()
-    unit.head.fit(
-        adapt.hidden,
-        adapt.logits,
-        adapt.labels,
-        classifier=classifier,
-        layers=adapt.layers,
-        device=device,
-    )
+    with warnings.catch_warnings(record=True) as caught:  # each said in one line, below
+        warnings.simplefilter("always")
+        unit.head.fit(
+            adapt.hidden,
+            adapt.logits,
+            adapt.labels,
+            classifier=classifier,
+            layers=adapt.layers,
+            device=device,
+        )
     seconds = time.perf_counter() - started
+    for warning in caught:  # a fallback or an ignored setting, without Python's source line
+        progress.say(f"warning: {unit_name(unit)}: {warning.message}")
     record = {
         "head": unit.head.name,
         "label": unit.label,

@@ -25,6 +25,7 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, Prediction
+from etn_cli.heads.scorers import softmax_terms
 from etn_cli.metrics.scores import probability_scores, register_score
 
 SCORE_ROWS = 16384  # rows scored at once: bounds the (rows, D) and (rows, C) temporaries
@@ -116,9 +117,10 @@ def check_classifier(classifier: dict[str, torch.Tensor], dim: int, classes: int
 
 
 def energy(logits: torch.Tensor) -> torch.Tensor:
-    """``logsumexp_i z_i`` (N,): the negative free energy at T = 1 (Liu et al. 2020), the
-    score ReAct, ASH, SCALE, DICE and VRA read from the logits they change."""
-    return torch.logsumexp(logits.double(), dim=1)
+    """``logsumexp_i z_i`` (N,) float64: the negative free energy at T = 1 (Liu et al. 2020),
+    the score ReAct, ASH, SCALE, DICE and VRA read from the logits they change
+    (:func:`etn_cli.heads.scorers.softmax_terms.energy`: no float64 copy of the logits)."""
+    return softmax_terms.energy(logits)
 
 
 def linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

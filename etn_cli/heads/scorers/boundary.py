@@ -9,6 +9,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
 from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.statistics import float64_blocks
 
 
 @heads.register("fdbd")
@@ -27,17 +28,17 @@ class FDBD(Scorer):
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
-        self.mean_ = h.double().mean(0)
+        self.mean_ = h.mean(0).double()  # float32's cascaded sum: within 1e-7 of float64's
         w = classifier["weight"].double()
         gaps = torch.cdist(w, w)  # ||w_k - w_i|| (C, C)
         self.gap_norms_ = gaps.fill_diagonal_(1.0)  # the predicted class's own term is 0
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        z = z.double()
+        """Float32 elementwise terms (as the float32 features and logits), float64 result."""
         top, predicted = z.max(dim=1)
-        boundary = ((top[:, None] - z) / self.gap_norms_[predicted]).sum(1)
-        spread = (h.double() - self.mean_).norm(dim=1).clamp_min(1e-12)
-        return boundary / ((z.shape[1] - 1) * spread)
+        boundary = ((top[:, None] - z) / self.gap_norms_.float()[predicted]).sum(1)
+        spread = (h - self.mean_.float()).norm(dim=1).clamp_min(1e-12)
+        return boundary.double() / ((z.shape[1] - 1) * spread.double())
 
 
 @heads.register("she")
@@ -61,9 +62,11 @@ class SHE(Scorer):
                 f"SHE stores the mean of the correctly classified ID rows of each class; classes "
                 f'{missing} have none. Use a larger fit split (fit = "train" in [data]).'
             )
-        sums = torch.zeros(z.shape[1], h.shape[1], dtype=torch.float64, device=h.device)
-        sums.index_add_(0, y[correct], h[correct].double())
-        self.patterns_ = (sums / counts[:, None]).float()  # (C, D)
+        sums = torch.zeros(z.shape[1] + 1, h.shape[1], dtype=torch.float64, device=h.device)
+        slot = torch.where(correct, y, z.shape[1])  # the wrong rows add into a last, unused row
+        for rows, block in float64_blocks(h):
+            sums.index_add_(0, slot[rows], block)
+        self.patterns_ = (sums[:-1] / counts[:, None]).float()  # (C, D)
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return (h * self.patterns_[z.argmax(dim=1)]).double().sum(1)
@@ -89,6 +92,7 @@ class GradNorm(Scorer):
     back-propagates a loss C times as large (targets of ones), which ranks the same."""
 
     name = "gradnorm"
+    reads_fit_rows = False
     label = "GradNorm"
     Config = GradNormConfig
     score_name = "gradnorm"

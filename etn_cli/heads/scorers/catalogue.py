@@ -21,7 +21,7 @@ ALIASES = {  # a name other libraries use -> the registered head
     "mls": "max_logit",
     "klm": "kl_matching",
     "temp_scaling": "temperature",
-    "ash": "ash_s",  # OpenOOD's ASH is ASH-S
+    "ash": "ash_b",  # OpenOOD's ASH postprocessor shapes with ASH-B (ash_net.forward_threshold)
     "gda": "ddu",
 }
 

@@ -8,7 +8,7 @@ import torch
 
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer
-from etn_cli.heads.scorers.neighbours import normalise
+from etn_cli.heads.scorers.neighbours import NORM_EPS
 from etn_cli.heads.scorers.statistics import (
     between_class_scatter,
     class_means,
@@ -43,17 +43,23 @@ class MahalanobisPP(Whitened, Scorer):
     name = "mahalanobis_pp"
     label = "Mahalanobis++"
     score_name = "mahalanobis_pp"
+    version = 1  # issue 29: float64 covariance and distances
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
-        unit = normalise(h)
-        self.means_ = class_means(unit, y, z.shape[1], "Mahalanobis++")
-        self.precision_ = precision(tied_covariance(unit, y, self.means_))
+        scale = inverse_norms(h)  # float64 unit rows: a float32 one blurs correlated units
+        self.means_ = class_means(h, y, z.shape[1], "Mahalanobis++", scale)
+        self.precision_ = precision(tied_covariance(h, y, self.means_, scale))
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         parts = self.whitened(self.means_, self.precision_)
-        unit = normalise(h)
+        unit = h.double() * inverse_norms(h)[:, None]
         return -squared_distances(unit, self.means_, self.precision_, parts).min(1).values
+
+
+def inverse_norms(h: torch.Tensor) -> torch.Tensor:
+    """``1 / (||h||_2 + 1e-10)`` per row (N,), float64: the KNN authors' normaliser."""
+    return 1.0 / (torch.linalg.vector_norm(h, dim=1, dtype=torch.float64) + NORM_EPS)
 
 
 @heads.register("rmds")
@@ -68,6 +74,7 @@ class RMDS(Whitened, Scorer):
     name = "rmds"
     label = "RMDS"
     score_name = "rmds"
+    version = 1  # issue 29: float64 covariance and distances
     needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001

@@ -8,6 +8,7 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.scorers import softmax_terms
 from etn_cli.heads.scorers.base import Scorer
 
 
@@ -17,11 +18,12 @@ class MaxLogit(Scorer):
     Real-World Settings", ICML 2022): ``mls = max_i z_i``, higher = more ID."""
 
     name = "max_logit"
+    reads_fit_rows = reads_hidden = False
     label = "Max logit"
     score_name = "mls"
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return z.double().max(dim=1).values
+        return z.max(dim=1).values.double()
 
 
 @heads.register("entropy")
@@ -31,13 +33,14 @@ class Entropy(Scorer):
     OpenOOD list beside MSP)."""
 
     name = "entropy"
+    reads_fit_rows = reads_hidden = False
     label = "Entropy"
     score_name = "entropy"
+    version = 1  # issue 29: exact on rows whose p_max rounds to 1
     higher_means_id = False
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        log_p = torch.log_softmax(z.double(), dim=1)
-        return -(log_p.exp() * log_p).sum(dim=1)
+        return softmax_terms.entropy(z)
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,25 @@ class GEN(Scorer):
     except where it clips)."""
 
     name = "gen"
+    reads_fit_rows = reads_hidden = False
     label = "GEN"
     Config = GENConfig
     score_name = "gen"
+    version = 1  # issue 29: exact on rows whose p_max rounds to 1
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        p = torch.softmax(z.double(), dim=1)
-        m = min(self.config.top_m, p.shape[1])
-        top = p.topk(m, dim=1).values
-        g = self.config.gamma
-        return -(top.pow(g) * (1.0 - top).pow(g)).sum(dim=1)
+        """In float64 blocks of rows; ``1 - p`` of the top class as ``r / (1 + r)`` (the rest
+        ``r`` of :mod:`~etn_cli.heads.scorers.softmax_terms`), exact where ``p`` rounds to 1."""
+        m, g = min(self.config.top_m, z.shape[1]), self.config.gamma
+        rows = softmax_terms.block_rows(z)
+        out = torch.empty(len(z), dtype=torch.float64, device=z.device)
+        for start in range(0, len(z), rows):
+            block = z[start : start + rows]
+            top, index = block.topk(m, dim=1)  # (rows, M), descending
+            top = top.double()
+            e = torch.exp(block.double() - top[:, :1]).scatter_(1, index[:, :1], 0.0)
+            rest = e.sum(dim=1, keepdim=True)  # without the top logit's own term, 1
+            p = torch.exp(top - top[:, :1]) / (1.0 + rest)  # (rows, M)
+            q = torch.cat([rest / (1.0 + rest), 1.0 - p[:, 1:]], dim=1)  # 1 - p
+            out[start : start + rows] = -(p.pow(g) * q.pow(g)).sum(dim=1)
+        return out

@@ -86,7 +86,8 @@ class ReAct(Scorer):
     """ReAct (Sun et al., "ReAct: Out-of-distribution Detection With Rectified Activations",
     NeurIPS 2021): clip each activation at ``c``, the ``percentile``-th percentile (90) of
     the ID activations, and score ``react = logsumexp(W min(h, c) + b)``; higher = more ID.
-    The probabilities are the softmax of the rectified logits."""
+    The probabilities are the softmax of the rectified logits. ``percentile = 90`` is the
+    paper's (Section 4, on ImageNet and CIFAR), OpenOOD's (``react.yml``) and pytorch-ood's."""
 
     name = "react"
     label = "ReAct"
@@ -132,7 +133,8 @@ class VRA(Scorer):
     ``beta`` are the 60th and 90th percentiles of the ID activations (the authors' CIFAR
     setting) or absolute values (``lower``, ``upper``: their ImageNet ResNet-50 setting is 0.5
     and 1.0); ``gamma = 0`` is plain VRA, VRA+ sets it. pytorch-ood's ``VRA`` instead clips
-    each unit between per-unit quantiles, without zeroing the low ones: a different method."""
+    each unit between per-unit quantiles, without zeroing the low ones: a different method.
+    OpenOOD's ``vra.yml`` sets the percentiles to 10 and 90 (``lower_percentile = 10``)."""
 
     name = "vra"
     label = "VRA"

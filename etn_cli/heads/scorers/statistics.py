@@ -1,48 +1,101 @@
-"""ID statistics shared by the Gaussian and subspace scorers: second moments accumulated in
-float64 from float32 blocks, class means, tied covariances and their pseudo-inverse, and the
-minimum Mahalanobis distance to the class means, never building an (N, C, D) tensor."""
+"""ID statistics shared by the Gaussian and subspace scorers: second moments, class means,
+tied covariances and their pseudo-inverse in float64, and the minimum Mahalanobis distance to
+the class means, never building an (N, C, D) tensor."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from etn_cli.heads.scorers.base import check_every_class
 
-MOMENT_ROWS = 16384  # float32 block products summed in float64: fast and accurate
+DISTANCE_CELLS = 1 << 20  # float64 values of a block of rows in squared_distances
+NUMPY_FROM = 1024  # dimensions from which numpy's float64 syrk and eigh beat torch's
+MOMENT_CELLS = 1 << 24  # float64 values per block (128 MiB): large blocks keep syrk efficient
+
+
+def float64_blocks(
+    x: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    centres: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``(rows, block)`` over blocks of about ``MOMENT_CELLS`` rows' values: ``x[rows]`` in
+    float64, each row multiplied by its ``scale`` (N,) when given, then less ``centres``
+    (D,), or ``centres[labels[rows]]`` for class centres (C, D), when given. One buffer serves
+    every block (a fresh float64 block per step costs as much as its product in page faults),
+    so a block is valid only until the next one."""
+    step = max(1, MOMENT_CELLS // x.shape[1])
+    shape = (min(step, len(x)), x.shape[1])
+    buffer = torch.empty(shape, dtype=torch.float64, device=x.device)
+    gathered = None if labels is None else torch.empty_like(buffer)
+    if centres is not None:
+        centres = centres.to(torch.float64)
+    for start in range(0, len(x), step):
+        rows = slice(start, min(start + step, len(x)))
+        block = buffer[: rows.stop - start]
+        centre = centres
+        if labels is not None:
+            centre = torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
+        block.copy_(x[rows])  # then in place: torch's mixed-dtype ops are 4x slower
+        if scale is not None:
+            block.mul_(scale[rows, None])
+        if centre is not None:
+            block -= centre
+        yield rows, block
 
 
 def second_moment(
-    x: torch.Tensor, means: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    x: torch.Tensor,
+    means: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``sum_i (x_i - m_i)(x_i - m_i)^T`` (D, D) with ``m_i = means`` (D,), or
-    ``means[labels[i]]`` for class means (C, D), or 0: float32 products of centred row blocks,
-    summed in float64. Centring before the product keeps the small eigenvalues that
-    ``E[x x^T] - mu mu^T`` would cancel away in float32."""
+    ``means[labels[i]]`` for class means (C, D), or 0 (rows first multiplied by ``scale``
+    (N,) when given): float64 products of centred row blocks. Centring before the product
+    keeps the small eigenvalues that ``E[x x^T] - mu mu^T`` would cancel away, and float64
+    products keep those that float32 ones blur: the cut of ViM's principal subspace and every
+    inverse covariance read them (a float32 product perturbs the moment by about 1e-7 of its
+    largest entry, which can exceed the gap at the cut)."""
     total = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device)
-    centres = None if means is None else means.to(torch.float32)
-    for start in range(0, len(x), MOMENT_ROWS):
-        block = x[start : start + MOMENT_ROWS].to(torch.float32)
-        if centres is not None:
-            rows = slice(start, start + MOMENT_ROWS)
-            block = block - (centres if labels is None else centres[labels[rows]])
-        total += (block.T @ block).double()
+    for _, block in float64_blocks(x, scale, means, labels):
+        total += gram(block)
     return total
 
 
-def class_means(h: torch.Tensor, y: torch.Tensor, classes: int, what: str) -> torch.Tensor:
-    """Mean feature of each class (C, D) in float64; every class must have rows."""
+def gram(block: torch.Tensor) -> torch.Tensor:
+    """``block^T block`` (D, D) of a float64 block. From ``NUMPY_FROM`` dimensions on the
+    CPU through numpy, whose ``a.T @ a`` is one symmetric rank-k update (``dsyrk``: half the
+    products of a general one; at D = 2,048 about a float32 ``torch.mm`` of the same block
+    on this project's machine, where torch's float64 product takes 2x as long); below, torch's
+    own product (numpy's thread pool beside torch's stalls a 2-core machine under load: ViM
+    at D = 512 took 2.3 s against 1.0 s with torch)."""
+    if block.device.type != "cpu" or block.shape[1] < NUMPY_FROM:
+        return block.T @ block
+    rows = block.numpy()
+    return torch.from_numpy(rows.T @ rows)
+
+
+def class_means(
+    h: torch.Tensor, y: torch.Tensor, classes: int, what: str, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean feature of each class (C, D) in float64 (rows multiplied by ``scale`` (N,) when
+    given); every class must have rows."""
     check_every_class(y, classes, what)
     sums = torch.zeros(classes, h.shape[1], dtype=torch.float64, device=h.device)
-    for start in range(0, len(h), MOMENT_ROWS):  # float64 sums of float32 blocks
-        rows = slice(start, start + MOMENT_ROWS)
-        sums.index_add_(0, y[rows], h[rows].double())
+    for rows, block in float64_blocks(h, scale):
+        sums.index_add_(0, y[rows], block)
     return sums / torch.bincount(y, minlength=classes).double()[:, None]
 
 
-def tied_covariance(h: torch.Tensor, y: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+def tied_covariance(
+    h: torch.Tensor, y: torch.Tensor, means: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """Shared covariance of the class-centred features, ``sum_i (h_i - mu_y)(..)^T / N``."""
-    return second_moment(h, means, y) / len(h)
+    return second_moment(h, means, y, scale) / len(h)
 
 
 def covariance(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,24 +120,34 @@ def precision(cov: torch.Tensor) -> torch.Tensor:
 
 
 def symmetric_eigenvectors(matrix: torch.Tensor) -> torch.Tensor:
-    """Eigenvectors (columns, ascending eigenvalues) of a symmetric matrix, by numpy's
-    float64 ``eigh``. Measured side by side at D = 2,048 on this project's machine (ViM's
-    second moment of 128,000 ResNet-50-shaped rows): numpy float64 7.3 s, numpy float32
-    7.7-12.9 s, SciPy's float32 ``syevd`` 6.4 s, torch float32 6.3 s, torch float64 11-13 s;
-    the residual norms on the 1,048 trailing eigenvectors differ from torch float64's by
-    2e-14 (numpy float64), 5e-7 (numpy float32) and 2e-4 (SciPy's and torch's float32)
-    relative: float64 costs nothing here and keeps the subspace exact where the spectrum is
-    nearly degenerate at the cut."""
-    _, vectors = np.linalg.eigh(matrix.double().cpu().numpy())
-    return torch.from_numpy(vectors).to(matrix.device)
+    """Eigenvectors (columns, ascending eigenvalues) of a symmetric matrix in float64: numpy's
+    ``eigh`` from ``NUMPY_FROM`` dimensions on the CPU, torch's below (see :func:`gram`).
+    Measured side by side at D = 2,048 on this project's machine (ViM's second moment of
+    128,000 ResNet-50-shaped rows): numpy float64 7.3 s, numpy float32 7.7-12.9 s, SciPy's
+    float32 ``syevd`` 6.4 s, torch float32 6.3 s, torch float64 11-13 s; the residual norms on
+    the 1,048 trailing eigenvectors differ from torch float64's by 2e-14 (numpy float64), 5e-7
+    (numpy float32) and 2e-4 (SciPy's and torch's float32) relative: float64 costs nothing
+    here and keeps the subspace exact where the spectrum is nearly degenerate at the cut."""
+    if matrix.device.type != "cpu" or matrix.shape[0] < NUMPY_FROM:
+        return torch.linalg.eigh(matrix.double())[1]
+    _, vectors = np.linalg.eigh(matrix.double().numpy())
+    return torch.from_numpy(vectors)
 
 
 def min_norm_solution(weight: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``pinv(W) t`` for W (C, D) with C <= D, as ``W^T pinv(W W^T) t``: the same identity,
-    with a C x C Gram matrix (a Cholesky factor at C = 1,000 instead of the SVD of W, 70 s on
-    this project's machine)."""
-    weight = weight.double()
-    return weight.T @ (precision(weight @ weight.T) @ target.double())
+    """``pinv(W) t`` for W (C, D) with C <= D, in float64, from the QR factors of
+    ``W^T = Q R``: ``Q R^-T t``, as accurate as the SVD (an error of about cond(W) eps, where
+    the normal equations ``W^T (W W^T)^-1 t`` lose cond(W)^2 eps: the whole origin of ViM on
+    a nearly rank-deficient layer) and a small fraction of its cost (the SVD of W at C = 1,000,
+    D = 2,048 takes 70 s on this project's machine). A rank-deficient W (a diagonal entry of R
+    below C eps of the largest) takes numpy's SVD-based ``pinv``."""
+    weight, target = weight.double(), target.double()
+    q, r = torch.linalg.qr(weight.T)  # (D, C), (C, C)
+    pivots = r.diagonal().abs()
+    if bool((pivots > pivots.max() * len(pivots) * torch.finfo(torch.float64).eps).all()):
+        return q @ torch.linalg.solve_triangular(r.T, target[:, None], upper=False)[:, 0]
+    pinv = np.linalg.pinv(weight.cpu().numpy())
+    return torch.from_numpy(pinv @ target.cpu().numpy()).to(weight.device)
 
 
 def between_class_scatter(means: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -111,14 +174,14 @@ def whitener(prec: torch.Tensor) -> torch.Tensor:
 
 
 def whitened_means(means: torch.Tensor, prec: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """What :func:`squared_distances` needs from the fitted state, computed once: the centre
-    ``c`` (the mean of the class means, D), the whitener ``G`` (D, r) in float32, the whitened
-    means ``(mu_c - c) G`` (C, r) in float32 and their squared norms (C,) in float64."""
+    """What :func:`squared_distances` needs from the fitted state, computed once, float64: the
+    centre ``c`` (the mean of the class means, D), the whitener ``G`` (D, r), the whitened
+    means ``(mu_c - c) G`` (C, r) and their squared norms (C,)."""
     means = means.double()
     centre = means.mean(0)
     g = whitener(prec)
     moved = (means - centre) @ g
-    return centre.float(), g.float(), moved.float(), moved.square().sum(1)
+    return centre, g, moved, moved.square().sum(1)
 
 
 def squared_distances(
@@ -130,11 +193,14 @@ def squared_distances(
     """``(h - mu_c)^T P (h - mu_c)`` for every row and class (N, C) in float64, with only
     (N, D) and (N, C) tensors built: ``||w||^2 - 2 w . m_c + ||m_c||^2`` with the whitened
     rows ``w = (h - c) G`` and means ``m_c = (mu_c - c) G`` (``G G^T = P``,
-    :func:`whitened_means`; pass its result as ``parts`` to reuse it). The two products are
-    float32, as the float32 features they read (each loses no more than their own rounding:
-    the rows are centred and whitened first, so no large terms cancel); norms and sums are
-    float64."""
+    :func:`whitened_means`; pass its result as ``parts`` to reuse it). Float64 throughout: on
+    a nearly singular covariance ``G`` has large entries of opposite signs on correlated
+    units, and a float32 product loses their difference (1e-4 of the distance at a condition
+    number of 4e6, where float64 keeps 1e-9)."""
     centre, g, moved, moved_sq = whitened_means(means, prec) if parts is None else parts
-    w = (h.float() - centre) @ g  # (N, r)
-    cross = (w @ moved.T).double()  # (N, C)
-    return w.double().square().sum(1, keepdim=True) - 2 * cross + moved_sq
+    out = torch.empty(len(h), len(moved), dtype=torch.float64, device=h.device)
+    step = max(1, DISTANCE_CELLS // g.shape[0])  # small blocks reuse freed memory
+    for s in range(0, len(h), step):
+        w = (h[s : s + step].double() - centre) @ g  # (rows, r)
+        out[s : s + step] = w.square().sum(1, keepdim=True) - 2 * (w @ moved.T) + moved_sq
+    return out

@@ -6,7 +6,12 @@ are all zero), the eigenvectors of the uncentred second moment of ``x = h - u`` 
 rows, ``sum_i x_i x_i^T / N`` (the authors' ``EmpiricalCovariance(assume_centered=True)``),
 and the complement ``R`` (D, D - d) of the ``d`` leading ones. The residual of a row is
 ``r(h) = ||(h - u) R||``. ``dim = 0`` picks the paper's ``d``: 1000 for D >= 1500, 512 for
-D >= 768 (ViT), else D / 2 (OpenOOD's 256 for a ResNet-18's 512).
+D >= 768 (ViT), else D / 2 (OpenOOD's 256 for a ResNet-18's 512). The paper states no rule
+for smaller D; its code sets ``d`` per backbone, and OpenOOD's scripts set it per benchmark
+(256 on CIFAR, 1000 on ImageNet with ResNet-50), as ``dim`` does here.
+
+The second moment is float64 throughout (products included): its eigenvalues near the cut can
+lie closer together than float32 products of rows far from the origin resolve.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import torch
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import HeadConfig, heads
-from etn_cli.heads.scorers.base import SCORE_ROWS, Scorer
+from etn_cli.heads.scorers.base import Scorer, energy
 from etn_cli.heads.scorers.statistics import (
     min_norm_solution,
     second_moment,
     symmetric_eigenvectors,
 )
+
+RESIDUAL_CELLS = 1 << 20  # values of (h - u) R per block: 4-8 MiB temporaries, reused
 
 
 def principal_dim(dim: int, features: int) -> int:
@@ -42,6 +49,7 @@ class SubspaceConfig(HeadConfig):
 
 class Subspace(Scorer):
     Config = SubspaceConfig
+    version = 1  # issue 29: float64 moment, QR origin
     needs_classifier = True
     needs_id_statistics = True
 
@@ -56,17 +64,28 @@ class Subspace(Scorer):
         self.origin_ = -min_norm_solution(weight, bias)  # -pinv(W) b (D,)
         moment = second_moment(h, self.origin_) / len(h)
         vectors = symmetric_eigenvectors(moment)  # ascending eigenvalues
-        self.residual_basis_ = vectors[:, : h.shape[1] - d].float().contiguous()  # (D, D - d)
+        basis = vectors[:, : h.shape[1] - d]  # (D, D - d)
+        self.residual_basis_ = basis.float().contiguous()
+        self.origin_residual_ = self.origin_ @ basis  # u R (D - d,), float64
 
     def residual(self, h: torch.Tensor) -> torch.Tensor:
-        """``||(h - u) R||`` (N,): the float32 product of float32 centred rows (as the
-        features), its norm in float64, in blocks of rows."""
-        origin = self.origin_.float()
-        parts = [
-            ((h[s : s + SCORE_ROWS].float() - origin) @ self.residual_basis_).double().norm(dim=1)
-            for s in range(0, len(h), SCORE_ROWS)
-        ]
-        return torch.cat(parts)
+        """``||(h - u) R|| = ||h R - u R||`` (N,): ``h R`` a float32 product of the float32
+        features, ``u R`` float64 from the fit, so a distant origin (``||u||`` far above
+        ``||h||`` on a nearly rank-deficient layer) costs no precision; in blocks of rows."""
+        origin, basis = self.origin_residual(), self.residual_basis_
+        out = torch.empty(len(h), dtype=torch.float64, device=h.device)
+        step = max(1, RESIDUAL_CELLS // basis.shape[1])
+        for s in range(0, len(h), step):
+            projected = (h[s : s + step].float() @ basis).double().sub_(origin)  # (rows, D - d)
+            out[s : s + step] = torch.linalg.vector_norm(projected, dim=1)
+        return out
+
+    def origin_residual(self) -> torch.Tensor:
+        """``u R`` (D - d,) float64; computed from the basis for a checkpoint without it."""
+        stored = getattr(self, "origin_residual_", None)
+        if stored is None:
+            return self.origin_.double() @ self.residual_basis_.double()
+        return stored
 
 
 @heads.register("vim")
@@ -81,11 +100,11 @@ class ViM(Subspace):
 
     def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
         super().fit_scorer(h, z, y, classifier)
-        max_logit = z.double().max(dim=1).values.mean()
+        max_logit = z.max(dim=1).values.double().mean()
         self.alpha_ = max_logit / self.residual(h).mean()
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return torch.logsumexp(z.double(), dim=1) - self.alpha_ * self.residual(h)
+        return energy(z) - self.alpha_ * self.residual(h)
 
 
 @heads.register("residual")
