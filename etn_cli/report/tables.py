@@ -17,6 +17,7 @@ import polars as pl
 
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import read_sealed
+from etn_cli.store.artefacts.unitkey import check_recorded_key
 
 COLUMN_TYPES: dict[str, pl.DataType] = {
     "pipeline": pl.String(),
@@ -83,6 +84,7 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
         # checked against its recorded sha256 before parsing: the Parquet reader can abort
         # the process on a damaged file
         frame = parse_metrics_bytes(path, _sealed_metrics(Path(path)))
+        check_metrics_key(Path(path), frame)
         missing = [n for n in COLUMN_TYPES if n not in frame.columns and n not in OPTIONAL_COLUMNS]
         if missing:
             raise EtnError(
@@ -109,6 +111,15 @@ def parse_metrics_bytes(path: Path, data: bytes) -> pl.DataFrame:
             f"Metrics file {path} is not a readable Parquet file ({first}). Delete it and run etn "
             "evaluate (or etn run) again."
         ) from None
+
+
+def check_metrics_key(path: Path, frame: pl.DataFrame) -> None:
+    """The rows of ``<head>-<key>.parquet`` carry ``metrics_key`` = that key (a file copied
+    over another's name, with its checksum, is another head's or seed's results)."""
+    if "metrics_key" in frame.columns:
+        keys = frame["metrics_key"].unique(maintain_order=True).to_list()
+        fix = "Run etn evaluate (or etn run) on its pipeline to rebuild it."
+        check_recorded_key(path, keys, f"Metrics file {path}", fix)
 
 
 def _refuse_repeated_paths(paths: list[Path]) -> None:

@@ -12,7 +12,6 @@ process holds.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -173,13 +172,7 @@ def _check_head(path: Path) -> None:
     from etn_cli.heads.base import Head
     from etn_cli.store.artefacts.headfiles import check_head_folder
 
-    record = check_head_folder(path)
-    named = KEY_SUFFIX.search(path.name)
-    if named and record.get("key") != named.group(1):
-        raise EtnError(f"train.json records key {record.get('key')!r}, not the folder's key.")
-    meta = json.loads((path / "head.json").read_text(encoding="utf-8"))
-    if named and path.name[: named.start()] != meta["head"]:
-        raise EtnError(f"head.json names head {meta['head']!r}, not the folder's head.")
+    check_head_folder(path)  # its files, its recorded key and head name against the folder's
     try:
         Head.load(path)
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -187,7 +180,7 @@ def _check_head(path: Path) -> None:
 
 
 def _check_metrics(path: Path) -> None:
-    from etn_cli.report.tables import parse_metrics_bytes
+    from etn_cli.report.tables import check_metrics_key, parse_metrics_bytes
     from etn_cli.store.artefacts.sealed import read_sealed
 
     frame = parse_metrics_bytes(path, read_sealed(path))  # checked before the Parquet reader runs
@@ -195,25 +188,18 @@ def _check_metrics(path: Path) -> None:
     if missing or frame.height == 0:
         raise EtnError(f"Expected rows with columns {', '.join(METRICS_COLUMNS)}; missing "
                        f"{', '.join(missing) or 'no column'} in {frame.height} rows.")  # fmt: skip
-    keys = frame["metrics_key"].unique().to_list()
-    named = KEY_SUFFIX.search(path.stem)
-    if len(keys) != 1 or (named and keys[0] != named.group(1)):
-        raise EtnError(f"Its rows carry metrics_key {keys}, not the key in the file's name.")
+    check_metrics_key(path, frame)
 
 
 def _check_predictions(path: Path) -> None:
     from etn_cli.store.artefacts.predictions import read_rows
 
-    frame = read_rows(path)  # checked against its sidecar before the Parquet reader runs
+    frame = read_rows(path)  # checked against its sidecar and its key before it is used
     wanted = ("eval_set", "task", "row", "prediction", "metrics_key")
     missing = [column for column in wanted if column not in frame.columns]
     if missing or frame.height == 0:
         raise EtnError(f"Expected per-row predictions; missing {', '.join(missing) or 'no column'} "
                        f"in {frame.height} rows.")  # fmt: skip
-    keys = frame["metrics_key"].unique().to_list()
-    named = KEY_SUFFIX.search(path.stem)
-    if len(keys) != 1 or (named and keys[0] != named.group(1)):
-        raise EtnError(f"Its rows carry metrics_key {keys}, not the key in the file's name.")
 
 
 def _check_finetune(path: Path) -> None:
