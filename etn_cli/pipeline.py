@@ -192,9 +192,11 @@ class Pipeline:
     conformal: ConformalSpec | None = None
     device: str = "auto"
     # what the command line changed: ``--set KEY=VALUE`` overrides and ``--only`` heads; a
-    # run with either reports into its own folder (:func:`etn_cli.overrides.selection_key`)
+    # run whose options change the pipeline reports into its own folder, named by the key of
+    # the pipeline they give (:func:`etn_cli.overrides.selection_key`; None: the file as is)
     overrides: tuple[str, ...] = ()
     only: tuple[str, ...] = ()
+    selection_key: str | None = None
 
     def resolve(self, path: str) -> Path:
         """A path from the pipeline file, relative to the file's folder unless absolute."""
@@ -224,7 +226,7 @@ def load_pipeline(
     ``overrides`` are ``--set KEY=VALUE`` strings applied to the file's tables before it is
     checked (:func:`etn_cli.overrides.apply_overrides`); ``only`` keeps the heads of those
     names or labels (``--only etn,map``)."""
-    from etn_cli.overrides import apply_overrides, keep_heads
+    from etn_cli.overrides import apply_overrides, keep_heads, selection_key
 
     path = Path(path)
     if not path.is_file():
@@ -237,9 +239,11 @@ def load_pipeline(
         raise EtnError(f"{path} is not valid TOML: {err}. Fix the syntax.") from None
     except UnicodeDecodeError:
         raise EtnError(f"{path} is not a text file. Pass a pipeline .toml file.") from None
-    raw = keep_heads(apply_overrides(raw, overrides, path), only, path)
-    parsed = parse_pipeline(raw, path)
-    return dataclasses.replace(parsed, overrides=tuple(overrides), only=tuple(only))
+    effective = keep_heads(apply_overrides(raw, overrides, path), only, path)
+    parsed = parse_pipeline(effective, path)
+    key = selection_key(raw, effective)
+    changed = {"overrides": tuple(overrides), "only": tuple(only), "selection_key": key}
+    return dataclasses.replace(parsed, **changed)
 
 
 def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:

@@ -17,7 +17,7 @@ import polars as pl
 
 from etn_cli.errors import EtnError
 from etn_cli.metrics.reliability import RELIABILITY_METRICS
-from etn_cli.overrides import selection, selection_key
+from etn_cli.overrides import selection
 from etn_cli.plan import Plan
 from etn_cli.provenance import etn_version, now
 from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
@@ -147,7 +147,9 @@ def report(
             written.append(path)
     extra = {
         "pipeline_file": str(plan.pipeline.path),
-        "selection": selection(plan.pipeline.overrides, plan.pipeline.only),
+        "selection": selection(
+            plan.pipeline.overrides, plan.pipeline.only, plan.pipeline.selection_key
+        ),
         "metrics_keys": [u.key for u in plan.metrics],
     }
     if comparison is not None:
@@ -238,9 +240,10 @@ def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
 
 def report_folder(plan: Plan) -> Path:
     """Where a pipeline's tables and plots go: ``<data>/reports/<pipeline>/``, or for a run
-    with ``--set`` or ``--only`` ``<data>/reports/<pipeline>+<8 hex of the selection>/``, so
-    a subset or an override never overwrites the full pipeline's report."""
-    key = selection_key(plan.pipeline.overrides, plan.pipeline.only)
+    whose ``--set`` or ``--only`` change it ``<data>/reports/<pipeline>+<8 hex>/``, keyed by
+    the pipeline they give, so a subset or an override never overwrites the full pipeline's
+    report and two different effects never share a folder."""
+    key = plan.pipeline.selection_key
     name = plan.pipeline.name if key is None else f"{plan.pipeline.name}+{key}"
     return plan.data_dir / "reports" / name
 
