@@ -5,7 +5,8 @@ nothing: every feature split is checked against its manifest (checksums, row cou
 finite values, unique index, the content key in its folder name), every head against the
 checksums in its ``train.json`` and by loading it, every metrics file and per-row predictions
 file by reading it and checking its columns and key, the backbone's classifier and the backbone
-folders by reading them. Leftovers of interrupted runs are listed apart: they are not damage,
+folders by reading them, every report folder's ``plots.json`` and the figures it lists.
+Leftovers of interrupted runs are listed apart: they are not damage,
 the next run resumes or replaces them, and ``--clean-partials`` deletes those no running etn
 process holds.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etn_cli.errors import EtnError
+from etn_cli.report.plot_record import PLOT_RECORD, check_report_folder
 from etn_cli.store.artefacts.headfiles import read_json_object
 from etn_cli.store.artefacts.sealed import without_advice
 from etn_cli.store.fingerprint import fingerprint_key
@@ -114,6 +116,11 @@ def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], 
     for pipeline in _units(data_dir / "predictions"):
         for file in sorted(pipeline.glob("*.parquet")):
             found.append(("prediction files", file, _check_predictions, _rerun(file, "evaluate")))
+    for folder in _units(data_dir / "reports"):
+        record = folder / PLOT_RECORD
+        if record.is_file():
+            fix = f"Run etn report on its pipeline again (it redraws {folder.name})."
+            found.append(("report folders", record, check_report_folder, fix))
     for folder in _units(data_dir / "backbones"):
         if "-finetune-" in folder.name:
             fix = _rerun(folder, "finetune")
