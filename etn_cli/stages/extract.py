@@ -50,6 +50,7 @@ from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
 from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
 from etn_cli.store.artefacts.sealed import discard, repair_line
 from etn_cli.store.atomic import unit_lock
+from etn_cli.store.content import save_memos
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.reading.reader import split_damage
 from etn_cli.store.storage import explained_storage_errors
@@ -75,6 +76,8 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
             check = functools.partial(check_pending_inputs, pending, splits)
             from_main(world, check, "checking the input files")
             load_weights(backbone())
+        if world.main:  # the digests of the input files learnt while planning
+            save_memos()
         for unit in plan.feature_units:
             extract_unit(plan, unit, splits[unit.path], backbone, device, world, result)
         if world.main:
