@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from etn_cli.config import build_config
+from etn_cli.config import SEED_LIMIT, build_config
 from etn_cli.errors import EtnError
 
 
@@ -359,11 +359,12 @@ def _seeds(value: Any, path: Path) -> tuple[int, ...]:
     if (
         not isinstance(value, list)
         or not value
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+        or not all(0 <= s < SEED_LIMIT for s in value)
         or len(set(value)) < len(value)
     ):
         raise EtnError(
             f"{path}: seeds must be a non-empty list of integers, got {value!r} (distinct, each "
-            ">= 0). Write e.g. seeds = [0, 1, 2]."
+            "in 0 .. 2**32 - 1, which every random generator takes). Write e.g. seeds = [0, 1, 2]."
         )
     return tuple(value)

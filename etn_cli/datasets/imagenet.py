@@ -103,15 +103,7 @@ class ImageFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from PIL import Image, UnidentifiedImageError
-
-        path = self.folder / self.files[i]
-        try:
-            with open(path, "rb") as handle:
-                image = Image.open(handle).convert("RGB")
-        except (UnidentifiedImageError, OSError, SyntaxError) as err:  # PIL: SyntaxError too
-            raise unreadable_image(path, err) from None
-        return image, int(self.labels[i])
+        return read_image(self.folder / self.files[i]), int(self.labels[i])
 
     def check_headers(self, rows: Iterable[int] | None = None) -> None:
         """Open every image's header (``rows``: those only), as PIL identifies a file without
@@ -128,14 +120,42 @@ class ImageFiles(Dataset):
 HEADER_THREADS = 8
 
 
+def image_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises on a file that is no image it can read: not an image, a damaged one
+    (``SyntaxError``, ``ValueError``, ``EOFError`` from some decoders), or one whose header
+    claims more pixels than PIL agrees to decode (a decompression bomb)."""
+    from PIL import Image, UnidentifiedImageError
+
+    return (
+        UnidentifiedImageError,
+        Image.DecompressionBombError,
+        OSError,
+        SyntaxError,
+        ValueError,
+        EOFError,
+        SystemError,
+    )
+
+
+def read_image(path: Path) -> Any:
+    """The image at ``path`` in RGB, or one line saying why it cannot be read."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as handle:
+            return Image.open(handle).convert("RGB")
+    except image_errors() as err:
+        raise unreadable_image(path, err) from None
+
+
 def header_error(path: Path) -> BaseException | None:
     """None when PIL identifies ``path`` as an image from its header; else the error."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(path):
             return None
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+    except image_errors() as err:
         return err
 
 
@@ -143,9 +163,12 @@ def unreadable_image(path: Path, err: BaseException) -> EtnError:
     """One line naming ``path`` once, with the error's type and its reason (PIL's messages
     repeat the path; the reason is given without it)."""
     from PIL import UnidentifiedImageError
+    from PIL.Image import DecompressionBombError
 
     if isinstance(err, UnidentifiedImageError):
         reason = "not an image format PIL recognises"
+    elif isinstance(err, DecompressionBombError):
+        reason = "its header claims more pixels than PIL decodes (a decompression bomb)"
     elif isinstance(err, OSError) and err.strerror:
         reason = err.strerror
     else:

@@ -113,7 +113,20 @@ def classifier_source(pipeline: Any, plan: Any) -> dict[str, Any] | None:
 
 
 def array_names(path: Path) -> set[str]:
-    """The array names of a feature file, read from its index only."""
+    """The array names of a feature file, read from its index only; one line when it is not
+    a readable file of its kind."""
+    from etn_cli.own_features.files import FIX, read_errors
+
+    try:
+        return _array_names(path)
+    except read_errors() as err:
+        raise EtnError(
+            f"Cannot read the features in {path} ({type(err).__name__}: {str(err)[:80]}); "
+            f"expected a readable {path.suffix} file. {FIX}"
+        ) from None
+
+
+def _array_names(path: Path) -> set[str]:
     suffix = path.suffix.lower()
     if suffix == ".npz":
         import zipfile
