@@ -341,7 +341,7 @@ CASES: dict[str, Case] = {
     "DUQ with no centroid size": Case(
         "train",
         lambda tmp, r: digits_pipeline(tmp, head="duq", extra="centroid_size = 0\n"),
-        ("key 'centroid_size' must be an integer >= 1, got 0",),
+        ("key 'centroid_size' must be an integer in 1 .. 65,536, got 0",),
     ),
     "SNGP with a zero length scale": Case(
         "train",

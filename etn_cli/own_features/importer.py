@@ -11,6 +11,7 @@ file's name and sha256, and it records where the rows came from (``imported_from
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,37 @@ def read_checked(files: dict[Path, str]) -> dict[Path, FeatureFile]:
                 f"{shapes[first][0]} and {shapes[first][1]}; expected features of one model."
             )
     return read
+
+
+def check_before_import(plan: Any, read: dict[Path, FeatureFile]) -> None:
+    """The checks ``train`` and ``evaluate`` make across a pipeline's splits (one model, rows,
+    labels in range, two test classes, logits that vary), made before any file of ``read``
+    is imported: on the files' arrays, and on the folders of the splits imported already or
+    read in place."""
+    from etn_cli.store.reading.consistency import (
+        SplitInfo,
+        check_split_infos,
+        check_varies,
+        split_info,
+        split_labels,
+    )
+
+    roles = [("adaptation set", plan.adapt), ("ID test set", plan.test)]
+    roles += [(f"OOD set {unit.name!r}", unit) for unit in plan.ood]
+    infos, labels = [], []
+    for i, (role, unit) in enumerate(roles):
+        file = (unit.fingerprint or {}).get("file")
+        features = read.get(Path(file)) if file else None
+        if features is None:
+            infos.append(split_info(role, unit.path))
+            labels.append(split_labels(infos[-1]) if i < 2 else None)
+            continue
+        n, d, c = len(features.hidden), features.hidden.shape[1], features.logits.shape[1]
+        infos.append(SplitInfo(role, features.path, n, d, c, None, []))
+        labels.append(features.labels if features.labels is not None else np.empty(0, np.int64))
+        if i < 2:
+            check_varies(features.logits, role, features.path)
+    check_split_infos(infos, labels[0], labels[1])
 
 
 def write_split(features: FeatureFile, target: Path) -> None:

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from etn_cli import progress
 from etn_cli.datasets.base import check_inputs
 from etn_cli.datasets.class_check import check_id_classes
@@ -88,7 +90,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
 def import_features(plan: Plan, result: StageResult) -> StageResult:
     """The extract stage of a ``[features]`` pipeline: import the files not imported yet
     (:mod:`etn_cli.own_features.importer`); folders of shards are read where they are."""
-    from etn_cli.own_features.importer import read_checked, write_split
+    from etn_cli.own_features.importer import check_before_import, read_checked, write_split
 
     pending = {}
     for unit in plan.feature_units:
@@ -98,6 +100,8 @@ def import_features(plan: Plan, result: StageResult) -> StageResult:
         else:
             pending[Path(file)] = unit
     read = read_checked({path: unit.role for path, unit in pending.items()}) if pending else {}
+    if read:  # the checks train and evaluate would make, before the first file is written
+        check_before_import(plan, read)
     for path, unit in pending.items():
         unit.path.parent.mkdir(parents=True, exist_ok=True)
         with unit_lock(unit.path):
@@ -129,6 +133,22 @@ def check_pending_inputs(pending: list[FeatureUnit], splits: dict[Path, Callable
                 "nothing was written. Check that the dataset split is not empty."
             )
         check_inputs(split)
+        if unit.role == "test":
+            check_test_classes(unit, getattr(split.data, "labels", None))
+
+
+def check_test_classes(unit: FeatureUnit, labels: Any) -> None:
+    """A test split of one class makes every confidence metric meaningless (nothing wrong to
+    rank against right); said before anything is extracted, where the labels are known."""
+    if labels is None:
+        return
+    classes = np.unique(np.asarray(labels)[np.asarray(labels) >= 0])
+    if len(classes) == 1:
+        raise EtnError(
+            f"The ID test split {unit.split!r} of {unit.dataset} holds only class {classes[0]} "
+            f"in its {len(labels)} rows; expected at least two classes, or confidence metrics "
+            "cannot rank right against wrong. Use a test split with several classes."
+        )
 
 
 def load_weights(backbone: Any) -> None:
