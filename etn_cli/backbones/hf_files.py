@@ -11,7 +11,6 @@ the backbone cache so that only the first plan reads the weights in full.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -121,7 +120,9 @@ def read_model_config(location: ModelLocation, trust_remote_code: bool) -> dict[
             f"Expected a Hugging Face model folder with config.json at {location.folder}, found "
             "none. Point model at the folder that holds config.json and *.safetensors."
         )
-    config = json.loads(path.read_text())
+    from etn_cli.store.artefacts.headfiles import read_json_object
+
+    config = read_json_object(path, "Point model at a Hugging Face model folder.")
     from transformers import CONFIG_MAPPING, __version__
 
     model_type = config.get("model_type")

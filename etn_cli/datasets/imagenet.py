@@ -105,16 +105,19 @@ class ImageFiles(Dataset):
     def __getitem__(self, i: int) -> tuple[Any, int]:
         return read_image(self.folder / self.files[i]), int(self.labels[i])
 
-    def check_headers(self, rows: Iterable[int] | None = None) -> None:
-        """Open every image's header (``rows``: those only), as PIL identifies a file without
-        decoding its pixels, so that a file that is no image stops a run before any split is
-        written; the first unreadable one raises :func:`unreadable_image`."""
+    def check_headers(self, rows: Iterable[int] | None = None) -> set[tuple[int, int]]:
+        """Decode every image (``rows``: those only), so that a file that is no image, or a
+        damaged one, stops a run before any split is written; the first unreadable one raises
+        :func:`unreadable_image`. Returns the (width, height) sizes found."""
         chosen = range(len(self.files)) if rows is None else rows
         paths = [self.folder / self.files[i] for i in chosen]
-        with ThreadPoolExecutor(max_workers=HEADER_THREADS) as pool:  # I/O bound: file opens
-            for path, err in zip(paths, pool.map(header_error, paths), strict=True):
-                if err is not None:
-                    raise unreadable_image(path, err)
+        sizes = set()
+        with ThreadPoolExecutor(max_workers=HEADER_THREADS) as pool:  # PIL decodes off the GIL
+            for path, found in zip(paths, pool.map(header_error, paths), strict=True):
+                if isinstance(found, BaseException):
+                    raise unreadable_image(path, found)
+                sizes.add(found)
+        return sizes
 
 
 HEADER_THREADS = 8
@@ -148,13 +151,17 @@ def read_image(path: Path) -> Any:
         raise unreadable_image(path, err) from None
 
 
-def header_error(path: Path) -> BaseException | None:
-    """None when PIL identifies ``path`` as an image from its header; else the error."""
+def header_error(path: Path) -> BaseException | tuple[int, int]:
+    """The image's (width, height) when PIL decodes ``path`` whole; else the error. Decoding
+    (not only the header) is what finds a damaged file before the first split is written; it
+    costs little next to the backbone's forward pass, and only splits still to extract are
+    checked."""
     from PIL import Image
 
     try:
-        with Image.open(path):
-            return None
+        with Image.open(path) as image:
+            image.load()
+            return image.size
     except image_errors() as err:
         return err
 

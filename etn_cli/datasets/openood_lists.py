@@ -95,6 +95,11 @@ def read_image_list(path: Path, folder: Path) -> ImageList:
 
 def check_entry(path: Path, number: int, folder: Path, name: str) -> None:
     """The line's image lies inside ``folder`` and exists."""
+    if "\0" in name:
+        raise EtnError(
+            f"{path}:{number} names a path with a NUL byte; expected 'relative/path label'. "
+            "Fix or regenerate the list."
+        )
     target = (folder / name).resolve()
     if Path(name).is_absolute() or not target.is_relative_to(folder.resolve()):
         raise EtnError(

@@ -73,6 +73,7 @@ def raw_arrays(path: Path) -> dict[str, np.ndarray]:
 
 def read_errors() -> tuple[type[BaseException], ...]:
     """What the numpy, zip, safetensors and HDF5 readers raise on a damaged file."""
+    import tokenize
     import zipfile
     import zlib
 
@@ -81,6 +82,7 @@ def read_errors() -> tuple[type[BaseException], ...]:
     return (
         OSError, ValueError, KeyError, TypeError, EOFError, RuntimeError, NotImplementedError,
         zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, SafetensorError, UnicodeError,
+        SyntaxError, tokenize.TokenError,  # numpy parses an .npy header as a Python literal
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import polars as pl
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import read_sealed, recorded_sha256
 from etn_cli.store.artefacts.unitkey import check_recorded_key
+from etn_cli.store.notes import note_once
 
 COLUMN_TYPES: dict[str, pl.DataType] = {
     "pipeline": pl.String(),
@@ -82,8 +83,14 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
             raise EtnError(f"Metrics file {path} does not exist. Run evaluate or fix the path.")
         # checked against its recorded sha256 before parsing: the Parquet reader can abort
         # the process on a damaged file
-        data = _sealed_metrics(Path(path))
-        frame = parse_metrics_bytes(path, data, sealed=recorded_sha256(Path(path)) is not None)
+        sealed = recorded_sha256(Path(path)) is not None
+        data = _sealed_metrics(Path(path)) if sealed else Path(path).read_bytes()
+        frame = parse_metrics_bytes(path, data, sealed=sealed)
+        if not sealed:  # said once it parsed, so that a refusal stays one line
+            note_once(
+                f"note: {path} carries no checksum ({Path(path).name}.sha256), so damage that "
+                "leaves it readable cannot be found; read as is"
+            )
         check_metrics_key(Path(path), frame)
         frames.append(typed_metrics(path, frame))
     metrics = pl.concat(

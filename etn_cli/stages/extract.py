@@ -75,7 +75,8 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
         splits = {unit.path: unit_split(plan, unit) for unit in plan.feature_units}
         pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
         if pending:  # every input checked and the model loaded before anything is written
-            check = functools.partial(check_pending_inputs, pending, splits)
+            transform = getattr(plan.backbone, "transform", None)  # images: their sizes
+            check = functools.partial(check_pending_inputs, pending, splits, transform)
             from_main(world, check, "checking the input files")
             load_weights(backbone())
         if world.main:  # the digests of the input files learnt while planning
@@ -121,7 +122,9 @@ def unit_split(plan: Plan, unit: FeatureUnit) -> Callable[[], Any]:
     return functools.cache(lambda: load_unit_split(plan.pipeline, unit))
 
 
-def check_pending_inputs(pending: list[FeatureUnit], splits: dict[Path, Callable]) -> None:
+def check_pending_inputs(
+    pending: list[FeatureUnit], splits: dict[Path, Callable], transform: Any = None
+) -> None:
     """Read every split still to extract and check its inputs (every image file's header,
     :func:`~etn_cli.datasets.base.check_inputs`), so that a bad file in the last split stops
     the run before the first split is written."""
@@ -132,9 +135,23 @@ def check_pending_inputs(pending: list[FeatureUnit], splits: dict[Path, Callable
                 f"Expected rows for split {unit.path.name!r}, but the dataset split is empty; "
                 "nothing was written. Check that the dataset split is not empty."
             )
-        check_inputs(split)
+        check_sizes(unit, check_inputs(split), transform)
         if unit.role == "test":
             check_test_classes(unit, getattr(split.data, "labels", None))
+
+
+def check_sizes(unit: FeatureUnit, sizes: Any, transform: Any) -> None:
+    """Images the backbone's transform leaves of several sizes cannot share a batch; said
+    before anything is extracted (the images were decoded to be checked)."""
+    if not sizes or transform is None:
+        return
+    shapes = sorted({transform.output_size(*size) for size in sizes})
+    if len(shapes) > 1:
+        raise EtnError(
+            f"Images of split {unit.path.name!r} come to the sizes {shapes[:3]} (width, height) "
+            "after the backbone's resize and crop; the model needs one size. Set crop = N (and "
+            "resize) in the pipeline's [backbone] table."
+        )
 
 
 def check_test_classes(unit: FeatureUnit, labels: Any) -> None:

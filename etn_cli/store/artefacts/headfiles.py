@@ -136,8 +136,9 @@ def read_json_object(path: Path, fix: str = "") -> dict[str, Any]:
         raise EtnError(
             f"Expected {path}, found none: the unit is incomplete. {fix}".strip()
         ) from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise EtnError(f"{path} is not valid JSON ({err}). {fix}".strip()) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        why = "nested too deep" if isinstance(err, RecursionError) else err
+        raise EtnError(f"{path} is not valid JSON ({why}). {fix}".strip()) from None
     if not isinstance(value, dict):
         raise EtnError(
             f"{path} holds {type(value).__name__}, expected a JSON object. {fix}".strip()

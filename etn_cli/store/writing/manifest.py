@@ -93,10 +93,11 @@ def load_manifest(split_dir: Path) -> dict[str, Any]:
         raise DamagedArtefact(
             split_dir, f"Expected a manifest at {path}, found none. Run etn extract for this split."
         ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        why = "nested too deep" if isinstance(error, RecursionError) else error
         raise DamagedArtefact(
             split_dir,
-            f"Manifest {path} is not valid JSON ({error}). Delete the split folder and re-run "
+            f"Manifest {path} is not valid JSON ({why}). Delete the split folder and re-run "
             "extract, or regenerate the manifest with etn_cli.store.write_manifest.",
         ) from None
     if isinstance(manifest, dict) and isinstance(manifest.get("format"), int):
