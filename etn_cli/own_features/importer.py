@@ -118,7 +118,8 @@ def import_files(files: list[Path], out: Path, classifier: Path | None = None) -
             "earlier etn import wrote). Choose another --out."
         )
     done = {path for path in files if imported_already(path, out / path.stem)}
-    read = read_checked({path: "ood" for path in files if path not in done})
+    todo = {path: "ood" for path in files if path not in done}
+    read = read_checked(todo) if todo else {}
     weights = found_classifier(read, classifier) if read or classifier else None
     lines = [f"import: {path} -> {out / path.stem}: up to date" for path in files if path in done]
     out.mkdir(parents=True, exist_ok=True)
