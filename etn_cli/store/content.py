@@ -2,9 +2,9 @@
 
 Your own inputs are keyed by their bytes: every image of an image folder or list, each model
 file of a local LLM folder. Hashing them all on every run would make a rerun of 10,000 images
-read every byte again, so a :class:`FileMemo` remembers each file's digest under its real path
-with its size, modification time, status-change time and inode. Any write to a file changes its
-``ctime``, which no tool can set back (``touch`` and ``cp -p`` set ``mtime``), so a file
+read every byte again, so a :class:`FileMemo` remembers each file's digest under its absolute
+path with its size, modification time, status-change time and inode. Any write to a file
+changes its ``ctime``, which no tool can set back (``touch`` and ``cp -p`` set ``mtime``), so a file
 rewritten with the same size and ``mtime`` is hashed again; a file whose bytes rot on disk
 without a write keeps its old digest, and the features cached from its intact bytes stay the
 right ones.
@@ -52,7 +52,7 @@ def file_digest(path: Path, algorithm: str = "xxh3-128") -> str:
 
 
 class FileMemo:
-    """Digests of files (one ``algorithm``) by real path and :func:`file_stamp`, kept in
+    """Digests of files (one ``algorithm``) by absolute path and :func:`file_stamp`, kept in
     ``path``; entries of the first format (size and mtime only) are read too."""
 
     def __init__(self, path: Path | None, algorithm: str = "xxh3-128") -> None:
@@ -80,15 +80,16 @@ class FileMemo:
         return entries if same and isinstance(entries, dict) else {}
 
     def digest(self, file: Path) -> str:
-        """``file``'s digest, from the memo when its stamp is unchanged."""
-        real = os.path.realpath(file)
-        stat = os.stat(real)
-        stamp = file_stamp(stat)
-        entry = self.entries.get(real)
+        """``file``'s digest, from the memo when its stamp is unchanged. The memo is keyed by
+        the absolute path as given: a link's stamp is its target's (inode included), so a link
+        pointed elsewhere is hashed again."""
+        path = os.path.abspath(file)
+        stamp = file_stamp(os.stat(path))
+        entry = self.entries.get(path)
         if isinstance(entry, dict) and self._matches(entry, stamp):
             return entry[self.algorithm]
-        found = file_digest(Path(real), self.algorithm)
-        self.entries[real] = {"stamp": stamp, self.algorithm: found}
+        found = file_digest(Path(path), self.algorithm)
+        self.entries[path] = {"stamp": stamp, self.algorithm: found}
         self.dirty = True
         return found
 
@@ -113,7 +114,7 @@ class FileMemo:
 
 
 _MEMOS: dict[tuple[Path | None, str], FileMemo] = {}
-_ACTIVE: list[Path | None] = [None]
+_ACTIVE: list[FileMemo | None] = [None]
 
 
 def memo_at(path: Path | None, algorithm: str = "xxh3-128") -> FileMemo:
@@ -126,12 +127,13 @@ def memo_at(path: Path | None, algorithm: str = "xxh3-128") -> FileMemo:
 
 def use_data_dir(data_dir: Path) -> None:
     """Keep the digests of input files in ``<data_dir>/features/`` (planning calls it)."""
-    _ACTIVE[0] = Path(data_dir) / "features" / CONTENT_MEMO
+    _ACTIVE[0] = memo_at(Path(data_dir) / "features" / CONTENT_MEMO)
 
 
 def content_digest(path: Path) -> str:
     """XXH3-128 of an input file's bytes, through the data directory's memo."""
-    return memo_at(_ACTIVE[0]).digest(path)
+    memo = _ACTIVE[0] if _ACTIVE[0] is not None else memo_at(None)
+    return memo.digest(path)
 
 
 def save_memos() -> None:
