@@ -4,7 +4,8 @@ The record names the files the report wrote (``files``, so that the next report 
 ones it no longer makes), the figures drawn per plot kind (``drawn``) with the sha256 of each
 (``sha256``), the key of the metrics they were drawn from (``key``) and the folder it belongs
 to (``folder``); it is sealed like every other record (``record_sha256``). The next report
-redraws a plot kind unless the key matches and every figure of it still hashes as recorded.
+redraws a plot kind unless the key matches and every figure of it still hashes as recorded
+(an older etn's record, unsealed and without digests, has every figure redrawn).
 
 A record that does not parse, fails its seal, belongs to another folder or names anything but a
 plain file of its own folder (``../../victim.txt``) is damage: :func:`read_plot_record` says so
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import DamagedArtefact
-from etn_cli.store.artefacts.sealed import check_record_seal, seal_record
+from etn_cli.store.artefacts.sealed import SEAL, check_record_seal, seal_record
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import file_sha256
 
@@ -50,6 +51,8 @@ def check_plot_record(record: Any, folder: Path) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise damaged(f"holds {type(record).__name__}, expected a JSON object")
     check_record_seal(record, path, path)
+    if SEAL not in record:  # an older etn's: no seal, folder or figure digests (all redrawn)
+        record = {**record, "sha256": {}, "folder": folder.name}
     wrong = [k for k, kind in FIELDS.items() if not isinstance(record.get(k), kind)]
     if wrong:
         raise damaged(f"lacks or garbles {', '.join(wrong)}")
