@@ -16,8 +16,8 @@ import typer
 
 from etn_cli import cli_build, cli_inspect
 from etn_cli.cli_options import fail, one_line
-from etn_cli.progress import write_line
 from etn_cli.errors import EtnError
+from etn_cli.progress import write_line
 
 app = typer.Typer(
     help="Evidential Transformation Network: trustworthy confidence and OOD scores for any "

@@ -47,10 +47,15 @@ def _non_negative(v: Any) -> bool:
     return v >= 0 and math.isfinite(v)
 
 
+SEED_LIMIT = 2**32  # numpy's legacy seeding takes no more; torch's takes 2**64
 POSITIVE = (_positive, "a finite number > 0")
 NON_NEGATIVE = (_non_negative, "a finite number >= 0")
 COUNT = (lambda v: v >= 1, "an integer >= 1")
 PERCENT = (lambda v: 0 <= v <= 100, "a percentage in [0, 100]")
+# a layer's or a feature map's size: beyond these, one weight matrix alone takes gigabytes
+SIZE_LIMIT = 65_536
+SIZE = (lambda v: 1 <= v <= SIZE_LIMIT, f"an integer in 1 .. {SIZE_LIMIT:,}")
+DEPTH_LIMIT = 32
 
 
 # Settings whose range is the same wherever they appear (heads, backbones, [data], [finetune]):
@@ -69,7 +74,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "kl_weight": NON_NEGATIVE,
     "weight_decay": NON_NEGATIVE,
     "p": (lambda v: 0 <= v < 1, "a probability in [0, 1)"),
-    "seed": (lambda v: v >= 0, "an integer >= 0"),
+    "seed": (lambda v: 0 <= v < SEED_LIMIT, "an integer in 0 .. 2**32 - 1"),
     # ETN's Student-t degrees of freedom: its variance nu / (nu - 2) and the fused objective
     # need nu > 1 (the paper's 1e4 is near-Gaussian)
     "nu": (lambda v: v > 1 and math.isfinite(v), "a finite number > 1"),
@@ -89,11 +94,16 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gradient_penalty": NON_NEGATIVE,
     "odir_weight": NON_NEGATIVE,
     # sizes and counts
-    "width": COUNT,
-    "depth": COUNT,
-    "latent_dim": COUNT,
-    "centroid_size": COUNT,
-    "random_features": COUNT,
+    "width": SIZE,
+    "widths": SIZE,  # every layer of the list
+    "temperature_widths": SIZE,
+    "depth": (lambda v: 1 <= v <= DEPTH_LIMIT, f"an integer in 1 .. {DEPTH_LIMIT}"),
+    "latent_dim": SIZE,
+    "centroid_size": SIZE,
+    # SNGP keeps an M x M covariance: 16,384 features is already a gigabyte
+    "random_features": (lambda v: 1 <= v <= 16_384, "an integer in 1 .. 16,384"),
+    "mean_field_factor": NON_NEGATIVE,  # lambda of p(y) = softmax(z / sqrt(1 + lambda var))
+    "lr_milestones": COUNT,  # every epoch of the list
     "prior_steps": COUNT,
     "k": COUNT,
     "top_m": COUNT,
@@ -111,13 +121,22 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 def check_range(key: str, value: Any, where: str) -> None:
-    """One line naming the key, the value, the allowed range and the place, if out of range."""
+    """One line naming the key, the value, the allowed range and the place, if out of range:
+    a number outside its rule in :data:`RANGES` (each number of a list), or any number that is
+    not finite."""
+    items = value if isinstance(value, tuple | list) else (value,)
+    numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+    if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+        raise EtnError(f"{where} key {key!r} must be finite, got {value!r}. Fix the value.")
     rule = RANGES.get(key)
-    if rule is None or value is None or isinstance(value, bool | str | tuple | list):
+    if rule is None:
         return
     ok, expected = rule
-    if not ok(value):
-        raise EtnError(f"{where} key {key!r} must be {expected}, got {value!r}. Fix the value.")
+    if not all(ok(v) for v in numbers):
+        each = "each of its numbers " if items is value else ""
+        raise EtnError(
+            f"{where} key {key!r} must be {each}{expected}, got {value!r}. Fix the value."
+        )
 
 
 def coerce(value: Any, hint: Any, where: str) -> Any:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import EtnError
-from etn_cli.store.fingerprint import fingerprint_key
+from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 
 
 def parse_value(text: str) -> Any:
@@ -101,19 +101,23 @@ def keep_heads(raw: dict[str, Any], only: tuple[str, ...], path: Path) -> dict[s
     return {**raw, "heads": order}
 
 
-def selection(overrides: tuple[str, ...], only: tuple[str, ...]) -> dict[str, list[str]]:
-    """The command line's change to a pipeline, normalised: sorted ``KEY=VALUE`` overrides
-    (spaces around ``=`` dropped) and sorted ``--only`` names; empty lists for the plain file."""
+def selection(overrides: tuple[str, ...], only: tuple[str, ...], key: str | None) -> dict:
+    """What the command line changed, as a report records it: the ``--set`` overrides in the
+    order given (the last of two on one key wins), the sorted ``--only`` names and ``key``,
+    the :func:`selection_key` of the pipeline they give."""
     normal = []
     for override in overrides:
-        key, _, value = override.partition("=")
-        normal.append(f"{key.strip()}={value.strip()}")
-    return {"set": sorted(normal), "only": sorted(set(only))}
+        name, _, value = override.partition("=")
+        normal.append(f"{name.strip()}={value.strip()}")
+    return {"set": normal, "only": sorted(set(only)), "key": key}
 
 
-def selection_key(overrides: tuple[str, ...], only: tuple[str, ...]) -> str | None:
-    """8 hex digits naming a ``--set`` / ``--only`` selection (the order of the options does
-    not matter); None for the pipeline file as written."""
-    if not overrides and not only:
+def selection_key(written: dict[str, Any], effective: dict[str, Any]) -> str | None:
+    """8 hex digits naming the pipeline that ``--set`` and ``--only`` made of the file's tables
+    ``written``: a key of the ``effective`` tables themselves, so two option lists with one
+    effect share it (the order of ``--only`` names, spaces around ``=``) and two with different
+    effects never do (``--set k=5 --set k=7`` is k=7, the reverse k=5). None when the options
+    change nothing."""
+    if canonical_json(effective) == canonical_json(written):
         return None
-    return fingerprint_key(selection(overrides, only), 8)
+    return fingerprint_key(effective, 8)

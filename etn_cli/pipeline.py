@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from etn_cli.config import build_config
+from etn_cli.config import SEED_LIMIT, build_config
 from etn_cli.errors import EtnError
 
 
@@ -201,9 +201,11 @@ class Pipeline:
     conformal: ConformalSpec | None = None
     device: str = "auto"
     # what the command line changed: ``--set KEY=VALUE`` overrides and ``--only`` heads; a
-    # run with either reports into its own folder (:func:`etn_cli.overrides.selection_key`)
+    # run whose options change the pipeline reports into its own folder, named by the key of
+    # the pipeline they give (:func:`etn_cli.overrides.selection_key`; None: the file as is)
     overrides: tuple[str, ...] = ()
     only: tuple[str, ...] = ()
+    selection_key: str | None = None
 
     def resolve(self, path: str) -> Path:
         """A path from the pipeline file, relative to the file's folder unless absolute."""
@@ -242,7 +244,7 @@ def load_pipeline(
     ``overrides`` are ``--set KEY=VALUE`` strings applied to the file's tables before it is
     checked (:func:`etn_cli.overrides.apply_overrides`); ``only`` keeps the heads of those
     names or labels (``--only etn,map``)."""
-    from etn_cli.overrides import apply_overrides, keep_heads
+    from etn_cli.overrides import apply_overrides, keep_heads, selection_key
 
     path = Path(path)
     if not path.is_file():
@@ -255,9 +257,11 @@ def load_pipeline(
         raise EtnError(f"{path} is not valid TOML: {err}. Fix the syntax.") from None
     except UnicodeDecodeError:
         raise EtnError(f"{path} is not a text file. Pass a pipeline .toml file.") from None
-    raw = keep_heads(apply_overrides(raw, overrides, path), only, path)
-    parsed = parse_pipeline(raw, path)
-    return dataclasses.replace(parsed, overrides=tuple(overrides), only=tuple(only))
+    effective = keep_heads(apply_overrides(raw, overrides, path), only, path)
+    parsed = parse_pipeline(effective, path)
+    key = selection_key(raw, effective)
+    changed = {"overrides": tuple(overrides), "only": tuple(only), "selection_key": key}
+    return dataclasses.replace(parsed, **changed)
 
 
 def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
@@ -373,11 +377,12 @@ def _seeds(value: Any, path: Path) -> tuple[int, ...]:
     if (
         not isinstance(value, list)
         or not value
-        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+        or not all(0 <= s < SEED_LIMIT for s in value)
         or len(set(value)) < len(value)
     ):
         raise EtnError(
             f"{path}: seeds must be a non-empty list of integers, got {value!r} (distinct, each "
-            ">= 0). Write e.g. seeds = [0, 1, 2]."
+            "in 0 .. 2**32 - 1, which every random generator takes). Write e.g. seeds = [0, 1, 2]."
         )
     return tuple(value)

@@ -31,6 +31,7 @@ from etn_cli.own_features.units import drop_unusable
 from etn_cli.pipeline import HeadSpec, Pipeline, check_groups
 from etn_cli.plan_own import own_features
 from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
+from etn_cli.store.content import use_data_dir
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
@@ -45,6 +46,7 @@ RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
 def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
     data_dir = Path(data_dir).resolve()
+    use_data_dir(data_dir)  # the digests of your input files are remembered there
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
     plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
     names = [unit.name for unit in plan.ood]

@@ -341,7 +341,7 @@ CASES: dict[str, Case] = {
     "DUQ with no centroid size": Case(
         "train",
         lambda tmp, r: digits_pipeline(tmp, head="duq", extra="centroid_size = 0\n"),
-        ("key 'centroid_size' must be an integer >= 1, got 0",),
+        ("key 'centroid_size' must be an integer in 1 .. 65,536, got 0",),
     ),
     "SNGP with a zero length scale": Case(
         "train",
@@ -452,6 +452,11 @@ CASES: dict[str, Case] = {
         "train",
         lambda tmp, r: byof_pipeline(tmp, test={"labels": np.ones(40, np.int64)}),
         ("ID test set", "holds only class 1", "expected at least two classes"),
+    ),
+    "hidden states of width 0": Case(
+        "train",
+        lambda tmp, r: byof_pipeline(tmp, far={"hidden": np.zeros((40, 0), np.float32)}),
+        ("far/shard-00000.h5 holds hidden states of width 0", "expected at least 1 and 2"),
     ),
     "constant scores": Case(
         "train",
@@ -586,3 +591,33 @@ def test_disk_that_fills_up_during_extraction(finished: tuple[Path, Path], tmp_p
     # no split folder, no partial shard, no temporary file: only the lock of the split that was
     # being written (lock files stay, see etn_cli.store.atomic.unit_lock)
     assert snapshot(data, ("features/*/digits.adapt-*.lock",)) == before
+
+
+def test_disk_that_fills_up_while_head_weights_are_written(
+    finished: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The head's weights are serialised in memory and written by Python, so a full disk (a
+    file-size limit here) is the one storage line, not a safetensors error; no head folder."""
+    pipeline, source = finished
+    data = tmp_path / "data"
+    shutil.copytree(source, data, ignore=shutil.ignore_patterns("heads", "metrics", "reports"))
+    before = snapshot(data)
+    limit = 16_000  # bytes: a head.json fits, ETN's weights (two MLPs of width 256) do not
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "etn_cli", "train", str(pipeline), "-d", str(data)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        preexec_fn=limit_file_size,
+    )
+    err = without_progress(done.stderr)
+    assert done.returncode == 2 and err.count("\n") == 1, done.stderr
+    assert err.startswith("error: Expected to write") and "File too large" in err
+    assert "SafetensorError" not in done.stderr
+    assert not [p for p in (data / "heads").iterdir() if p.is_dir() and p.name.startswith("etn-")]
+    left = {k for k in snapshot(data) if k not in before}
+    assert all(k.endswith(".lock") or k.startswith("heads/map-") for k in left), left

@@ -391,7 +391,7 @@ def test_overrides_are_recorded_in_the_head_provenance(finished, tmp_path: Path)
 
 
 def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:  # noqa: ANN001
-    from etn_cli.overrides import selection_key
+    from etn_cli.pipeline import load_pipeline
 
     pipeline, data, _ = finished
     full = data / "reports" / "conv" / "results.json"
@@ -399,21 +399,37 @@ def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:
     before = full.read_bytes()
     done = etn("run", pipeline, "-d", data, "--only", "map", "-f", "json")
     assert done.returncode == 0, done.stderr
-    folder = data / "reports" / f"conv+{selection_key((), ('map',))}"
+    key = load_pipeline(pipeline, only=("map",)).selection_key
+    folder = data / "reports" / f"conv+{key}"
     assert f"report: {folder.relative_to(data)}/" in done.stderr  # under the data directory
     assert full.read_bytes() == before  # the whole pipeline's report is left alone
     subset = json.loads((folder / "results.json").read_text())
-    assert subset["selection"] == {"set": [], "only": ["map"]}
+    assert subset["selection"] == {"set": [], "only": ["map"], "key": key}
     assert len(subset["metrics_keys"]) == 1 and {r["method"] for r in subset["results"]} == {"map"}
-    assert json.loads(before)["selection"] == {"set": [], "only": []}
+    assert json.loads(before)["selection"] == {"set": [], "only": [], "key": None}
     again = etn("report", pipeline, "-d", data, "--only", "map")  # the same options, same folder
     assert again.returncode == 0 and f"wrote {folder / 'results.json'}" in again.stderr
     assert full.read_bytes() == before
-    # the order of the options and spaces around "=" do not matter; the values do
-    one = selection_key(("seeds=[0]", "heads.etn.epochs=5"), ("etn", "map"))
-    assert one == selection_key(("heads.etn.epochs = 5", "seeds=[0]"), ("map", "etn"))
-    assert one != selection_key(("heads.etn.epochs=6", "seeds=[0]"), ("etn", "map"))
-    assert selection_key((), ()) is None and len(one) == 8
+
+
+def test_the_report_folder_is_keyed_by_the_effect_of_the_options(finished) -> None:  # noqa: ANN001
+    from etn_cli.pipeline import load_pipeline
+
+    pipeline, _, _ = finished
+
+    def key(*overrides: str, only: tuple[str, ...] = ()) -> str | None:
+        return load_pipeline(pipeline, overrides, only).selection_key
+
+    one = key("seeds=[0]", "heads.etn.epochs=5", only=("etn", "map"))
+    assert one == key("heads.etn.epochs = 5", "seeds=[0]", only=("map", "etn"))
+    assert one != key("heads.etn.epochs=6", "seeds=[0]", only=("etn", "map"))
+    # the last of two values wins, so the two orders are two pipelines with two folders
+    assert key("heads.etn.epochs=5", "heads.etn.epochs=7") == key("heads.etn.epochs=7")
+    assert key("heads.etn.epochs=5", "heads.etn.epochs=7") != key(
+        "heads.etn.epochs=7", "heads.etn.epochs=5"
+    )
+    assert key() is None and key("heads.etn.epochs=3") is None  # the file's own value
+    assert key(only=("map", "etn", "mahalanobis")) is None and len(one) == 8
 
 
 def test_read_only_commands_create_nothing(project: Path, tmp_path: Path) -> None:

@@ -346,3 +346,40 @@ def test_etn_import_writes_split_folders_and_the_classifier(tmp_path, capsys) ->
     np.testing.assert_array_equal(weight, np.eye(3, 8))
     np.testing.assert_array_equal(bias, np.zeros(3))
     assert json.loads((tmp_path / "out" / "adapt" / "manifest.json").read_text())["rows"] == 30
+
+
+def test_etn_import_into_an_existing_file_is_one_line(tmp_path, capsys) -> None:  # noqa: ANN001
+    feature_files(tmp_path)
+    (tmp_path / "taken").write_text("mine")
+    files = [tmp_path / "mine" / f"{name}.npz" for name in ("adapt", "test", "ood")]
+    code, err = etn(capsys, "import", *files, "--out", tmp_path / "taken")
+    assert code == 2 and err.count("\n") == 1 and "--out" in err and "is a file" in err, err
+    assert (tmp_path / "taken").read_text() == "mine"
+
+
+def test_a_killed_etn_import_resumes_on_the_next_run(tmp_path, capsys) -> None:  # noqa: ANN001
+    """A kill after the first split: that folder is whole, the second one's private folder is
+    left half written. The rerun keeps the first, removes the leftover and imports the rest."""
+    from etn_cli.own_features import importer
+
+    feature_files(tmp_path)
+    files = [tmp_path / "mine" / f"{name}.npz" for name in ("adapt", "test", "ood")]
+    out = tmp_path / "out"
+    real = importer.write_split
+
+    def killed_at_the_second(features, target):  # noqa: ANN001, ANN202
+        if target.name == "test":
+            (target.parent / "test.partial-0badf00d").mkdir()  # what a kill leaves
+            raise KeyboardInterrupt
+        real(features, target)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(importer, "write_split", killed_at_the_second)
+        assert etn(capsys, "import", *files, "--out", out)[0] == 130
+    first = (out / "adapt" / "manifest.json").stat().st_mtime_ns
+    code, err = etn(capsys, "import", *files, "--out", out)
+    assert code == 0, err
+    assert (out / "adapt" / "manifest.json").stat().st_mtime_ns == first  # kept, not redone
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["adapt", "ood", "test"]
+    code, err = etn(capsys, "import", *files, "--out", out)  # everything up to date
+    assert code == 0 and "Traceback" not in err

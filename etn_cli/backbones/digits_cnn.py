@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -201,7 +201,7 @@ def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> N
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        save_file(model.state_dict(), str(tmp / WEIGHTS_FILE))
+        (tmp / WEIGHTS_FILE).write_bytes(save(model.state_dict()))  # a full disk: an OSError
         meta["files"] = {WEIGHTS_FILE: file_sha256(tmp / WEIGHTS_FILE)}  # checked at every load
         sealed = seal_record(json.loads(json.dumps(meta)))
         (tmp / META_FILE).write_text(json.dumps(sealed, indent=2) + "\n")

@@ -5,22 +5,20 @@ A model is a local folder (``config.json``, ``*.safetensors``, tokenizer files) 
 A hub id is resolved to a commit of the Hugging Face cache (``HF_HOME`` / ``HF_HUB_CACHE``);
 only its small files are fetched at plan time, the weights when the model is first loaded.
 ``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``) means cache only. A hub commit names its
-content; a local folder is named by the sha256 of its files, memoised by size and mtime in the
-backbone cache so that only the first plan reads the weights in full.
+content; a local folder is named by the sha256 of its files, memoised by size, times and inode in
+the backbone cache so that only the first plan reads the weights in full.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import EtnError
-from etn_cli.store.atomic import honour_umask
+from etn_cli.store.content import FileMemo, memo_at
 from etn_cli.store.fingerprint import file_sha256
 
 HASHED_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".tiktoken", ".py", ".jinja")
@@ -122,7 +120,9 @@ def read_model_config(location: ModelLocation, trust_remote_code: bool) -> dict[
             f"Expected a Hugging Face model folder with config.json at {location.folder}, found "
             "none. Point model at the folder that holds config.json and *.safetensors."
         )
-    config = json.loads(path.read_text())
+    from etn_cli.store.artefacts.headfiles import read_json_object
+
+    config = read_json_object(path, "Point model at a Hugging Face model folder.")
     from transformers import CONFIG_MAPPING, __version__
 
     model_type = config.get("model_type")
@@ -140,56 +140,14 @@ def read_model_config(location: ModelLocation, trust_remote_code: bool) -> dict[
     )
 
 
-class HashMemo:
-    """sha256 of files, remembered by (path, size, mtime) in a JSON file of the backbone cache.
-
-    Planning only reads it: :meth:`save` is called once the model has loaded, so that a run
-    refused while planning (a malformed question file, say) leaves the data directory as it
-    was. One memo per file is shared in a process (:func:`hash_memo`), so a second instance of
-    the backbone (another device) finds the hashes the first computed.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.dirty = False
-        try:
-            self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text())
-        except (OSError, ValueError):  # absent or unreadable: rebuilt from scratch
-            self.entries = {}
-
-    def sha256(self, file: Path) -> str:
-        stat = file.stat()
-        key = str(file.resolve())
-        entry = self.entries.get(key)
-        if entry and entry["size"] == stat.st_size and entry["mtime_ns"] == stat.st_mtime_ns:
-            return entry["sha256"]
-        digest = file_sha256(file)
-        self.entries[key] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
-        self.dirty = True
-        return digest
-
-    def save(self) -> None:
-        """Write atomically; a concurrent writer's entries may be lost, never corrupted."""
-        if not self.dirty:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(prefix=".hashes-", dir=self.path.parent)
-        with os.fdopen(handle, "w") as out:
-            json.dump(self.entries, out)
-        honour_umask(Path(tmp))  # mkstemp's file is 0600
-        os.replace(tmp, self.path)
-        self.dirty = False
+HashMemo = FileMemo  # sha256 of model files, remembered in the backbone cache
 
 
-_MEMOS: dict[Path, HashMemo] = {}
-
-
-def hash_memo(path: Path) -> HashMemo:
-    """The process's memo kept in ``path`` (read from it the first time)."""
-    key = Path(path).resolve()
-    if key not in _MEMOS:
-        _MEMOS[key] = HashMemo(key)
-    return _MEMOS[key]
+def hash_memo(path: Path) -> FileMemo:
+    """The process's sha256 memo kept in ``path`` (read from it the first time). Planning only
+    reads it: it is saved once the model has loaded, so that a run refused while planning (a
+    malformed question file, say) leaves the data directory as it was."""
+    return memo_at(path, "sha256")
 
 
 def folder_hashes(folder: Path, memo: HashMemo) -> dict[str, str]:

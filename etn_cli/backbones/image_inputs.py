@@ -108,6 +108,18 @@ class ImageTransform:
             image = F.pil_to_tensor(image)
         return image
 
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """The (width, height) :meth:`pixels` gives an image of this size (torchvision's rule:
+        the shorter side resized, the longer in proportion, then the centre crop)."""
+        s = self.spec
+        if s.crop:
+            return s.crop, s.crop
+        if s.resize:
+            short, long = sorted((width, height))
+            resized = (s.resize, int(s.resize * long / short))
+            return resized if width <= height else resized[::-1]
+        return width, height
+
     def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
         """(..., 3, H, W) pixels -> float32 in [0, 1] -> ``(x - mean) / std`` per channel."""
         from torchvision.transforms import functional as F

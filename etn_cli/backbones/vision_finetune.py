@@ -29,7 +29,6 @@ from torch.utils.data import DataLoader
 from etn_cli import progress
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
-from etn_cli.store.atomic import honour_umask
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,7 @@ def seeded(seed: int, device: torch.device):  # noqa: ANN201
 def finetune_backbone(backbone: Any, train: Any, settings: dict[str, Any], out_dir: Any) -> dict:
     """Train ``backbone`` (a torchvision backbone) on ``train`` with the ``[finetune]``
     settings; write ``model.safetensors`` into ``out_dir`` and return the training record."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from etn_cli.backbones.precision import DTYPES
     from etn_cli.backbones.torchvision_weights import FINETUNED_FILE
@@ -178,8 +177,7 @@ def finetune_backbone(backbone: Any, train: Any, settings: dict[str, Any], out_d
         history = train_classifier(model, loader, cfg, backbone.device, amp, desc, normalize)
     model.eval()
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-    save_file(state, str(out_dir / FINETUNED_FILE))
-    honour_umask(out_dir / FINETUNED_FILE)  # safetensors writes 0600
+    (out_dir / FINETUNED_FILE).write_bytes(save(state))  # a full disk: an OSError, one line
     return {
         "model": backbone.config.model,
         "started_from": backbone.weights.fingerprint,

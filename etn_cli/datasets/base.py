@@ -71,11 +71,11 @@ def held_out(n: int, fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def check_inputs(split: Split) -> None:
-    """Check what can be checked of every input of ``split`` without reading it in full,
-    before anything is extracted: a dataset of image files opens every image's header
-    (``check_headers``; a file that is no image raises one line naming it). Inputs held in
-    memory or checked when listed (questions, arrays) need nothing more."""
+def check_inputs(split: Split) -> set[tuple[int, int]] | None:
+    """Check every input of ``split`` before anything is extracted: a dataset of image files
+    decodes every image (``check_headers``; a file that is no image raises one line naming
+    it) and returns their (width, height) sizes. Inputs held in memory or checked when listed
+    (questions, arrays) need nothing more (None)."""
     from torch.utils.data import Subset
 
     data, rows = split.data, None
@@ -84,8 +84,7 @@ def check_inputs(split: Split) -> None:
         rows = chosen if rows is None else [chosen[r] for r in rows]
         data = data.dataset
     check = getattr(data, "check_headers", None)
-    if check is not None:
-        check(rows)
+    return None if check is None else check(rows)
 
 
 class DatasetSource:

@@ -20,15 +20,17 @@ A split is named by its path under ``[data] root``::
   :mod:`etn_cli.datasets.openood_lists`), paths relative to the ``images`` option (default:
   the root), so OpenOOD's benchmark lists load as they are.
 
-Hidden entries (``.name``) are skipped; files count as images by their suffix. The split's
-fingerprint holds every file name and size (not the pixels), the labels and the class names,
-so renaming a class folder or adding an image re-extracts. The class count is checked against
+Hidden entries (``.name``) are skipped; files count as images by their suffix; symbolic links
+are followed once per real folder or image, and a loop or a link to nothing is refused. The
+split's fingerprint holds every file name with the XXH3-128 digest of its bytes
+(:mod:`etn_cli.store.content`, remembered by path, size, times and inode, so a rerun hashes
+only what changed), the labels and the class names, so renaming a class folder, adding an
+image or changing one pixel re-extracts. The class count is checked against
 the backbone before anything is extracted (:mod:`etn_cli.datasets.class_check`).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ from etn_cli.datasets.imagenet import IMAGE_SUFFIXES, ImageFiles
 from etn_cli.datasets.openood_lists import UNLABELLED, read_image_list
 from etn_cli.datasets.vision import VisionSource, rows_sha256
 from etn_cli.errors import EtnError
+from etn_cli.store.content import content_digest
 
 LIST_SUFFIXES = (".txt", ".lst", ".list")
 
@@ -72,13 +75,69 @@ def is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
 
 
-def images_below(folder: Path) -> list[Path]:
-    """Image files under ``folder`` at any depth, sorted, hidden folders skipped."""
-    found = []
-    for top, dirs, files in os.walk(folder, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [Path(top) / f for f in files if is_image(Path(f))]
-    return sorted(found)
+def images_below(folder: Path, seen: set[tuple[int, int]] | None = None) -> list[Path]:
+    """Image files under ``folder`` at any depth, sorted, hidden entries skipped.
+
+    Symbolic links are followed, each real folder and each real image at most once (``seen``
+    holds the ``(device, inode)`` of those already listed, shared by the class folders of one
+    split): a link to a folder or image already listed adds nothing, a link back to a folder
+    above it (a loop) and a link to nothing are refused in one line. Two names of one file
+    that are not links (hard links) are two images, as they are to torchvision."""
+    seen = set() if seen is None else seen
+    images: list[tuple[Path, tuple[int, int], bool]] = []  # (path, real file, via a link)
+    stack: list[tuple[Path, tuple[tuple[int, int], ...]]] = [(Path(folder), ())]
+    while stack:
+        top, above = stack.pop()
+        ident = identity(top, folder)
+        if ident in above:
+            raise EtnError(
+                f"{top} links back to a folder above it in {folder}: a symbolic link loop. "
+                "Expected folders of images; remove the link."
+            )
+        if ident in seen:
+            continue
+        seen.add(ident)
+        folders = []
+        for entry in sorted(os.scandir(top), key=lambda e: e.name):
+            path = Path(entry.path)
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():  # follows a link
+                folders.append((path, (*above, ident)))
+            elif is_image(path):
+                linked = entry.is_symlink()
+                real = identity(path, folder) if linked else (ident[0], entry.inode())
+                images.append((path, real, linked))
+        stack += reversed(folders)  # walked in name order: the first name of a folder counts
+    return once_per_file(images, seen)
+
+
+def once_per_file(
+    images: list[tuple[Path, tuple[int, int], bool]], seen: set[tuple[int, int]]
+) -> list[Path]:
+    """The images, sorted, less every link to a file listed already (as itself or by an
+    earlier link, here or in ``seen``, which learns the files listed)."""
+    files = {real for _, real, linked in images if not linked}
+    kept = []
+    for path, real, linked in sorted(images):
+        if linked and (real in files or real in seen):
+            continue
+        seen.add(real)
+        kept.append(path)
+    return kept
+
+
+def identity(path: Path, folder: Path) -> tuple[int, int]:
+    """``(device, inode)`` of what ``path`` points to; one line when it points to nothing."""
+    try:
+        stat = os.stat(path)
+    except OSError as err:
+        what = f"a link to {os.readlink(path)}, " if os.path.islink(path) else ""
+        raise EtnError(
+            f"{path} in {folder} is {what}unreadable ({err.strerror}). Expected images and "
+            "folders of images; restore the file or remove the link."
+        ) from None
+    return stat.st_dev, stat.st_ino
 
 
 def subfolders(folder: Path) -> list[str]:
@@ -104,18 +163,18 @@ def folder_classes(folder: Path, classes: tuple[str, ...] | None) -> tuple[str, 
     return classes
 
 
-@functools.cache
 def list_folder(folder: Path, classes: tuple[str, ...] | None) -> Listing:
     """Scan ``folder``: labelled by class sub-folders, or unlabelled (see the module doc)."""
     labelled_by = folder_classes(folder, classes)
     files: list[Path] = []
     labels: list[int] = []
+    seen: set[tuple[int, int]] = set()
     if labelled_by is None:
-        files = images_below(folder)
+        files = images_below(folder, seen)
         labels = [UNLABELLED] * len(files)
     else:
         for name in subfolders(folder):
-            found = images_below(folder / name)
+            found = images_below(folder / name, seen)
             if not found:
                 raise EtnError(
                     f"Class folder {folder / name} holds no images ({', '.join(IMAGE_SUFFIXES)})"
@@ -128,17 +187,16 @@ def list_folder(folder: Path, classes: tuple[str, ...] | None) -> Listing:
             f"Folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}, searched "
             "recursively). Check the path."
         )
-    digest = hashlib.sha256()
     relative = tuple(p.relative_to(folder).as_posix() for p in files)
+    digest = hashlib.sha256()
     for name, path, label in zip(relative, files, labels, strict=True):
-        digest.update(f"{name}\t{path.stat().st_size}\t{label}\n".encode())
+        digest.update(f"{name}\t{content_digest(path)}\t{label}\n".encode())
     array = np.asarray(labels, dtype=np.int64)
     return Listing(folder, relative, array, labelled_by, "image folder", digest.hexdigest())
 
 
-@functools.cache
-def list_file(path: Path, images: Path, classes: tuple[str, ...] | None, stamp: int) -> Listing:
-    """An OpenOOD image list (``stamp``: its modification time, so an edit is re-read)."""
+def list_file(path: Path, images: Path, classes: tuple[str, ...] | None) -> Listing:
+    """An OpenOOD image list, keyed by its text and the bytes of every image it names."""
     listed = read_image_list(path, images)
     labelled = listed.labelled
     if labelled and classes is not None and int(listed.labels.max()) >= len(classes):
@@ -211,7 +269,7 @@ class ImageFolderData(PathSplits, VisionSource):
         if path.is_dir():
             return list_folder(path, classes)
         images = self.root_path() / (self.opts.images or ".")
-        return list_file(path, images.resolve(), classes, path.stat().st_mtime_ns)
+        return list_file(path, images.resolve(), classes)
 
     def fingerprint(self, split: str) -> dict[str, Any]:
         listing = self.listing(split)

@@ -18,7 +18,8 @@ A split given as a table names its own ``images`` folder (OpenOOD keeps Textures
 
 Every split yields ``(PIL RGB image, label)`` read lazily; the label is the list's integer
 (OpenOOD's OOD lists carry -1 or a placeholder, which etn never uses for OOD sets). A split's
-fingerprint is the sha256 of its list file, so an edited list gives new features. A missing
+fingerprint covers its list file and the bytes of every image it names, so an edited list or
+a replaced image gives new features. A missing
 list, a malformed line or a missing image stops planning with one line naming the file and
 line (the lists are read by :mod:`etn_cli.datasets.openood_lists`, as ``image_folder`` reads
 them).

@@ -103,39 +103,66 @@ class ImageFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from PIL import Image, UnidentifiedImageError
+        return read_image(self.folder / self.files[i]), int(self.labels[i])
 
-        path = self.folder / self.files[i]
-        try:
-            with open(path, "rb") as handle:
-                image = Image.open(handle).convert("RGB")
-        except (UnidentifiedImageError, OSError, SyntaxError) as err:  # PIL: SyntaxError too
-            raise unreadable_image(path, err) from None
-        return image, int(self.labels[i])
-
-    def check_headers(self, rows: Iterable[int] | None = None) -> None:
-        """Open every image's header (``rows``: those only), as PIL identifies a file without
-        decoding its pixels, so that a file that is no image stops a run before any split is
-        written; the first unreadable one raises :func:`unreadable_image`."""
+    def check_headers(self, rows: Iterable[int] | None = None) -> set[tuple[int, int]]:
+        """Decode every image (``rows``: those only), so that a file that is no image, or a
+        damaged one, stops a run before any split is written; the first unreadable one raises
+        :func:`unreadable_image`. Returns the (width, height) sizes found."""
         chosen = range(len(self.files)) if rows is None else rows
         paths = [self.folder / self.files[i] for i in chosen]
-        with ThreadPoolExecutor(max_workers=HEADER_THREADS) as pool:  # I/O bound: file opens
-            for path, err in zip(paths, pool.map(header_error, paths), strict=True):
-                if err is not None:
-                    raise unreadable_image(path, err)
+        sizes = set()
+        with ThreadPoolExecutor(max_workers=HEADER_THREADS) as pool:  # PIL decodes off the GIL
+            for path, found in zip(paths, pool.map(header_error, paths), strict=True):
+                if isinstance(found, BaseException):
+                    raise unreadable_image(path, found)
+                sizes.add(found)
+        return sizes
 
 
 HEADER_THREADS = 8
 
 
-def header_error(path: Path) -> BaseException | None:
-    """None when PIL identifies ``path`` as an image from its header; else the error."""
+def image_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises on a file that is no image it can read: not an image, a damaged one
+    (``SyntaxError``, ``ValueError``, ``EOFError`` from some decoders), or one whose header
+    claims more pixels than PIL agrees to decode (a decompression bomb)."""
     from PIL import Image, UnidentifiedImageError
 
+    return (
+        UnidentifiedImageError,
+        Image.DecompressionBombError,
+        OSError,
+        SyntaxError,
+        ValueError,
+        EOFError,
+        SystemError,
+    )
+
+
+def read_image(path: Path) -> Any:
+    """The image at ``path`` in RGB, or one line saying why it cannot be read."""
+    from PIL import Image
+
     try:
-        with Image.open(path):
-            return None
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+        with open(path, "rb") as handle:
+            return Image.open(handle).convert("RGB")
+    except image_errors() as err:
+        raise unreadable_image(path, err) from None
+
+
+def header_error(path: Path) -> BaseException | tuple[int, int]:
+    """The image's (width, height) when PIL decodes ``path`` whole; else the error. Decoding
+    (not only the header) is what finds a damaged file before the first split is written; it
+    costs little next to the backbone's forward pass, and only splits still to extract are
+    checked."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.size
+    except image_errors() as err:
         return err
 
 
@@ -143,9 +170,12 @@ def unreadable_image(path: Path, err: BaseException) -> EtnError:
     """One line naming ``path`` once, with the error's type and its reason (PIL's messages
     repeat the path; the reason is given without it)."""
     from PIL import UnidentifiedImageError
+    from PIL.Image import DecompressionBombError
 
     if isinstance(err, UnidentifiedImageError):
         reason = "not an image format PIL recognises"
+    elif isinstance(err, DecompressionBombError):
+        reason = "its header claims more pixels than PIL decodes (a decompression bomb)"
     elif isinstance(err, OSError) and err.strerror:
         reason = err.strerror
     else:

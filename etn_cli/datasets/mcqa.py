@@ -73,6 +73,11 @@ class QuestionSet(TorchDataset):
     def __getitem__(self, i: int) -> tuple[Question, int]:
         return self.questions[i], self.questions[i].answer
 
+    @property
+    def labels(self) -> np.ndarray:
+        """The answers (N,) as labels, -1 where a file gives none."""
+        return np.asarray([q.answer for q in self.questions], dtype=np.int64)
+
 
 @dataclass(frozen=True)
 class Part:

@@ -17,6 +17,7 @@ The native field names of the sources are read too: RACE (``article``, ``options
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import json
@@ -71,8 +72,8 @@ def read_records(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
 
 
 def _jsonl(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with text_lines(path) as lines:
+        for number, line in lines:
             if not line.strip():
                 continue
             try:
@@ -82,32 +83,57 @@ def _jsonl(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
                     f"{path}:{number} is not valid JSON ({err.msg}); expected one JSON object "
                     "per line. Fix or regenerate the file."
                 ) from None
+            except RecursionError:
+                raise EtnError(
+                    f"{path}:{number} nests its JSON deeper than Python reads; expected one "
+                    "question record per line. Fix or regenerate the file."
+                ) from None
+
+
+@contextlib.contextmanager
+def text_lines(path: Path, newline: str | None = None) -> Iterator[Iterator[tuple[int, str]]]:
+    """``(number, line)`` of a UTF-8 text file; a byte that is not UTF-8, or a CSV cell the
+    ``csv`` module refuses, is one line naming the file and the line."""
+    numbered: list[int] = [0]
+
+    def lines(handle: Any) -> Iterator[tuple[int, str]]:
+        for numbered[0], line in enumerate(handle, start=1):  # noqa: B020
+            yield numbered[0], line
+
+    try:
+        with open(path, encoding="utf-8", newline=newline) as handle:
+            yield lines(handle)
+    except UnicodeDecodeError as err:
+        raise EtnError(
+            f"{path}:{numbered[0] + 1} is not UTF-8 text (byte {err.object[err.start]:#04x}); "
+            "expected a UTF-8 file. Convert it, e.g. iconv -f latin1 -t utf-8."
+        ) from None
+    except csv.Error as err:
+        raise EtnError(
+            f"{path}:{numbered[0]} is not a CSV row etn can read ({err}). Fix the file."
+        ) from None
 
 
 def _parquet(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
-    import polars as pl
+    from etn_cli.store.reading.parquet import read_parquet_checked
 
-    try:
-        rows = pl.read_parquet(path).to_dicts()
-    except (OSError, pl.exceptions.PolarsError) as err:
-        raise EtnError(
-            f"{path} is not a readable Parquet file ({err}). Re-download or regenerate it."
-        ) from None
+    rows = read_parquet_checked(path, "Re-download or regenerate it.").to_dicts()
     for number, row in enumerate(rows):
         yield row, f"{path} row {number}"
 
 
 def csv_with_header(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     """A CSV file whose first row names the columns (``question``, ``A``, ``B``, ...)."""
-    with open(path, encoding="utf-8", newline="") as handle:
-        for number, row in enumerate(csv.DictReader(handle), start=2):
+    with text_lines(path, newline="") as lines:
+        reader = csv.DictReader(line for _, line in lines)
+        for number, row in enumerate(reader, start=2):
             yield {k: (v if v != "" else None) for k, v in row.items() if k}, f"{path}:{number}"
 
 
 def _mmlu_csv(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     """MMLU's original release: no header, six columns per row."""
-    with open(path, encoding="utf-8", newline="") as handle:
-        for number, row in enumerate(csv.reader(handle), start=1):
+    with text_lines(path, newline="") as lines:
+        for number, row in enumerate(csv.reader(line for _, line in lines), start=1):
             if len(row) != 6:
                 raise EtnError(
                     f"{path}:{number} has {len(row)} columns; expected MMLU's six "

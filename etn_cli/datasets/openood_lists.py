@@ -7,8 +7,10 @@ turns it into a split, and any other dataset may reuse :func:`read_image_list`.
 
 A line is split at its last run of white space: when the last field is an integer it is the
 label, otherwise the whole line is the path (an unlabelled image; a path may contain spaces).
-A list mixing labelled and unlabelled lines, a path that escapes the image folder or names no
-file, and an empty list are one-line :class:`EtnError` s naming the file and the line.
+A list mixing labelled and unlabelled lines, a label beyond 2**31, a path that escapes the image
+folder or names no file, and an empty list are one-line :class:`EtnError` s naming the file and
+the line. A list is keyed by its text and the XXH3-128 digest of every image it names
+(:mod:`etn_cli.store.content`), so a replaced image gives new features.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from etn_cli.errors import EtnError
+from etn_cli.store.content import content_digest
 
 UNLABELLED = -1  # the label of an image without one (OOD sets)
+LABEL_LIMIT = 2**31  # a class index beyond this is a typo, and would not fit in int64 at 10**19
 LABELLED_LINE = re.compile(r"^(.*\S)\s+(-?\d+)$")
 
 
@@ -33,7 +37,7 @@ class ImageList:
     folder: Path
     files: tuple[str, ...]
     labels: np.ndarray  # (N,) int64
-    sha256: str  # of the list's text: names and labels, in order
+    sha256: str  # of the list's text (names and labels, in order) and each image's bytes
 
     @property
     def labelled(self) -> bool:
@@ -62,6 +66,11 @@ def read_image_list(path: Path, folder: Path) -> ImageList:
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         name, label = parse_line(line)
+        if label is not None and not -LABEL_LIMIT < label < LABEL_LIMIT:
+            raise EtnError(
+                f"{path}:{number} gives label {label}; expected a class index (0, 1, ...) or -1. "
+                "Fix the list."
+            )
         check_entry(path, number, folder, name)
         files.append(name)
         labels.append(label)
@@ -78,12 +87,19 @@ def read_image_list(path: Path, folder: Path) -> ImageList:
             "expected a label on every line (-1 for an unlabelled image) or on none."
         )
     array = np.asarray([UNLABELLED if v is None else v for v in labels], dtype=np.int64)
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    return ImageList(folder, tuple(files), array, digest)
+    digest = hashlib.sha256(text.encode())
+    for name in files:  # the bytes of every image, not only their names
+        digest.update(f"\n{content_digest(folder / name)}".encode())
+    return ImageList(folder, tuple(files), array, digest.hexdigest())
 
 
 def check_entry(path: Path, number: int, folder: Path, name: str) -> None:
     """The line's image lies inside ``folder`` and exists."""
+    if "\0" in name:
+        raise EtnError(
+            f"{path}:{number} names a path with a NUL byte; expected 'relative/path label'. "
+            "Fix or regenerate the list."
+        )
     target = (folder / name).resolve()
     if Path(name).is_absolute() or not target.is_relative_to(folder.resolve()):
         raise EtnError(

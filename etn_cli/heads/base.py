@@ -13,14 +13,13 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.calibration import apply_temperature, fit_temperature
 from etn_cli.registry import Registry
 from etn_cli.store.artefacts.headfiles import seal_head_files
-from etn_cli.store.atomic import honour_umask
 
 HEAD_FORMAT = 1
 
@@ -270,8 +269,9 @@ class Head:
         """Write ``head.json`` (name, config, dims) and ``weights.safetensors``."""
         folder = Path(folder)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self._state().items()}
-        save_file(tensors, folder / "weights.safetensors")
-        honour_umask(folder / "weights.safetensors")  # safetensors writes 0600
+        # serialised in memory, written by Python: a full disk is an OSError said in one line,
+        # where safetensors' own writer raises its SafetensorError (and writes mode 0600)
+        (folder / "weights.safetensors").write_bytes(save(tensors))
         meta = {
             "format": HEAD_FORMAT,
             "head": self.name,

@@ -65,6 +65,12 @@ class DUQConfig(HeadConfig):
                 f"duq expects centroid_size >= 1, length_scale > 0 and 0 < gamma < 1, got "
                 f"{self.centroid_size}, {self.length_scale}, {self.gamma}. Fix the pipeline file."
             )
+        milestones = list(self.lr_milestones)
+        if milestones != sorted(set(milestones)):  # each >= 1: config.RANGES
+            raise EtnError(
+                f"duq expects lr_milestones as increasing epochs, got {milestones}. Fix the "
+                "pipeline file, e.g. lr_milestones = [10, 20]."
+            )
 
 
 class RBFHead(nn.Module):

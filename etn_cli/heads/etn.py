@@ -32,6 +32,7 @@ from scipy.special import gammaincinv
 from torch import nn
 from torch.nn import functional as F
 
+from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
 from etn_cli.heads.edl import (
     evidence,
@@ -59,6 +60,9 @@ from etn_cli.metrics.scores import dirichlet_scores
 EPS = 1e-4
 
 
+MAX_INNER_WEIGHTS = 2**28  # 1 GiB of float32 per module
+
+
 @dataclass(frozen=True)
 class ETNConfig(HeadConfig):
     """Defaults are the paper's CIFAR-10 / VGG16 settings (Table "Training and hyperparameter
@@ -82,6 +86,15 @@ class ETNConfig(HeadConfig):
     odir_weight: float = 1.0  # matrix variant: weight of ODIR on mu (Kull et al. 2019)
     memory_limit_gib: float | None = None  # matrix variant: refuse above this (default: free RAM)
     select: Literal["loss", "accuracy"] = "loss"  # the paper's rule for ETN (Supp.)
+
+    def __post_init__(self) -> None:
+        inner = self.width**2 * max(self.depth - 1, 0)  # hidden-to-hidden weights per module
+        if inner > MAX_INNER_WEIGHTS:
+            raise EtnError(
+                f"etn expects width**2 * (depth - 1) <= {MAX_INNER_WEIGHTS:,} weights per module "
+                f"(4 bytes each, and Adam keeps three copies), got width = {self.width}, depth = "
+                f"{self.depth}: {inner:,}. The paper uses width 256 with depth 2 or 512 with 3."
+            )
 
 
 class GammaNet(nn.Module):

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from etn_cli.errors import EtnError
+from etn_cli.store.sizes import check_declared
 
 SUFFIXES = (".npz", ".safetensors", ".h5", ".hdf5")
 REQUIRED = ("hidden", "logits")
@@ -53,20 +54,16 @@ def is_feature_file(path: Path) -> bool:
 
 
 def raw_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Every array of the file by name (``layers.x`` renamed ``layers/x``), nothing checked."""
+    """Every array of the file by name (``layers.x`` renamed ``layers/x``), nothing checked
+    but the sizes their headers declare (:mod:`etn_cli.store.sizes`), before any is read."""
     suffix = path.suffix.lower()
+    readers = {".npz": npz_arrays, ".safetensors": safetensors_arrays, ".h5": _hdf5_arrays}
+    reader = readers.get(".h5" if suffix == ".hdf5" else suffix)
+    if reader is None:
+        raise EtnError(f"Expected a {', '.join(SUFFIXES)} file of features, got {path}.")
     try:
-        if suffix == ".npz":
-            arrays = npz_arrays(path)
-        elif suffix == ".safetensors":
-            from safetensors.numpy import load_file
-
-            arrays = load_file(str(path))
-        elif suffix in (".h5", ".hdf5"):
-            arrays = _hdf5_arrays(path)
-        else:
-            raise EtnError(f"Expected a {', '.join(SUFFIXES)} file of features, got {path}.")
-    except (OSError, ValueError) as err:
+        arrays = reader(path)
+    except read_errors() as err:
         raise EtnError(
             f"Cannot read the features in {path} ({type(err).__name__}: {str(err)[:80]}); "
             f"expected a readable {suffix} file. {FIX}"
@@ -74,30 +71,78 @@ def raw_arrays(path: Path) -> dict[str, np.ndarray]:
     return {_layer_name(name): np.asarray(array) for name, array in arrays.items()}
 
 
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What the numpy, zip, safetensors and HDF5 readers raise on a damaged file."""
+    import tokenize
+    import zipfile
+    import zlib
+
+    from safetensors import SafetensorError
+
+    return (
+        OSError, ValueError, KeyError, TypeError, EOFError, RuntimeError, NotImplementedError,
+        zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, SafetensorError, UnicodeError,
+        SyntaxError, tokenize.TokenError,  # numpy parses an .npy header as a Python literal
+    )  # fmt: skip
+
+
 def npz_arrays(path: Path) -> dict[str, np.ndarray]:
     """The ``.npy`` members of a ``numpy.savez`` archive, read by numpy's format reader, which
-    refuses object arrays: nothing in the file is ever unpickled."""
+    refuses object arrays: nothing in the file is ever unpickled. Each member's header is read
+    first and its declared size checked against the bytes that hold it."""
     import zipfile
 
+    size = path.stat().st_size
     with zipfile.ZipFile(path) as archive:
-        members = [name for name in archive.namelist() if name.endswith(".npy")]
         arrays = {}
-        for name in members:
-            with archive.open(name) as handle:
-                arrays[name.removesuffix(".npy")] = np.lib.format.read_array(handle)
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            packed = info.compress_type != zipfile.ZIP_STORED
+            check_declared(info.file_size, size, packed, info.filename, path, FIX)
+            with archive.open(info) as handle:
+                declared = npy_declared_bytes(handle)
+                check_declared(declared, info.file_size, False, info.filename, path, FIX)
+            with archive.open(info) as handle:
+                name = info.filename.removesuffix(".npy")
+                arrays[name] = np.lib.format.read_array(handle, allow_pickle=False)
     return arrays
+
+
+def npy_declared_bytes(handle) -> int:  # noqa: ANN001
+    """The bytes an ``.npy`` header declares for its array (header included)."""
+    major, _ = np.lib.format.read_magic(handle)
+    read_header = {1: np.lib.format.read_array_header_1_0, 2: np.lib.format.read_array_header_2_0}
+    if major not in read_header:
+        raise ValueError(f"unsupported .npy format version {major}")
+    shape, _, dtype = read_header[major](handle, max_header_size=10_000)
+    if dtype.hasobject:
+        raise ValueError("an object array, which etn never unpickles")
+    return handle.tell() + int(np.prod(shape, dtype=object)) * dtype.itemsize
+
+
+def safetensors_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The tensors of a ``.safetensors`` file (its reader checks every offset against the
+    file's size before it reads)."""
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
 
 
 def _hdf5_arrays(path: Path) -> dict[str, np.ndarray]:
     import h5py
 
+    size = path.stat().st_size
     arrays: dict[str, np.ndarray] = {}
+
+    def read(name: str, item: object) -> None:
+        if isinstance(item, h5py.Dataset):
+            declared = int(np.prod(item.shape or (), dtype=object)) * item.dtype.itemsize
+            check_declared(declared, size, item.compression is not None, name, path, FIX)
+            arrays[name] = item[()]
+
     with h5py.File(path, "r") as handle:
-        handle.visititems(
-            lambda name, item: (
-                arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None
-            )
-        )
+        handle.visititems(read)
     return arrays
 
 
@@ -121,6 +166,11 @@ def read_feature_file(path: Path) -> FeatureFile:
     hidden = floating(arrays["hidden"], 2, "hidden", path)  # (N, D)
     logits = floating(arrays["logits"], 2, "logits", path)  # (N, C)
     n, d, c = len(hidden), hidden.shape[1], logits.shape[1]
+    if d < 1 or c < 2:
+        raise EtnError(
+            f"{path} holds hidden states of width {d} and {c} logits per row; expected at least "
+            f"1 and 2 (a classifier's features and its class scores). {FIX}"
+        )
     rows(logits, n, "logits", path)
     labels = integers(arrays["labels"], n, "labels", path) if "labels" in arrays else None
     index = integers(arrays["index"], n, "index", path) if "index" in arrays else np.arange(n)

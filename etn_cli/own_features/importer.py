@@ -11,6 +11,7 @@ file's name and sha256, and it records where the rows came from (``imported_from
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,15 @@ from etn_cli.errors import EtnError
 from etn_cli.own_features.files import FeatureFile, read_classifier_file, read_feature_file
 from etn_cli.own_features.units import import_fingerprint
 from etn_cli.provenance import provenance
-from etn_cli.store import ShardWriter, save_classifier
+from etn_cli.store import (
+    ShardWriter,
+    fingerprint_key,
+    load_manifest,
+    remove_partials,
+    save_classifier,
+    unit_lock,
+)
+from etn_cli.store.reading.reader import split_damage
 
 SHARD_ROWS = 65536
 LABELLED_ROLES = ("adapt", "test")
@@ -45,6 +54,37 @@ def read_checked(files: dict[Path, str]) -> dict[Path, FeatureFile]:
     return read
 
 
+def check_before_import(plan: Any, read: dict[Path, FeatureFile]) -> None:
+    """The checks ``train`` and ``evaluate`` make across a pipeline's splits (one model, rows,
+    labels in range, two test classes, logits that vary), made before any file of ``read``
+    is imported: on the files' arrays, and on the folders of the splits imported already or
+    read in place."""
+    from etn_cli.store.reading.consistency import (
+        SplitInfo,
+        check_split_infos,
+        check_varies,
+        split_info,
+        split_labels,
+    )
+
+    roles = [("adaptation set", plan.adapt), ("ID test set", plan.test)]
+    roles += [(f"OOD set {unit.name!r}", unit) for unit in plan.ood]
+    infos, labels = [], []
+    for i, (role, unit) in enumerate(roles):
+        file = (unit.fingerprint or {}).get("file")
+        features = read.get(Path(file)) if file else None
+        if features is None:
+            infos.append(split_info(role, unit.path))
+            labels.append(split_labels(infos[-1]) if i < 2 else None)
+            continue
+        n, d, c = len(features.hidden), features.hidden.shape[1], features.logits.shape[1]
+        infos.append(SplitInfo(role, features.path, n, d, c, None, []))
+        labels.append(features.labels if features.labels is not None else np.empty(0, np.int64))
+        if i < 2:
+            check_varies(features.logits, role, features.path)
+    check_split_infos(infos, labels[0], labels[1])
+
+
 def write_split(features: FeatureFile, target: Path) -> None:
     """One split folder (shards + manifest) holding the file's rows."""
     fingerprint = import_fingerprint(features.path)
@@ -61,28 +101,58 @@ def write_split(features: FeatureFile, target: Path) -> None:
 
 def import_files(files: list[Path], out: Path, classifier: Path | None = None) -> list[str]:
     """``etn import``: each file into ``out/<stem>/``, and the classifier (``classifier``, or
-    the weight and bias found in a file) into ``out/classifier.safetensors``; one line each."""
+    the weight and bias found in a file) into ``out/classifier.safetensors``; one line each.
+
+    Every file is read and checked, and every target folder too, before anything is written.
+    A rerun after a kill resumes: a folder already holding this very file's import is kept, a
+    killed run's ``.partial-`` folder is removed under the folder's lock."""
     stems = [path.stem for path in files]
-    taken = [str(out / stem) for stem in stems if (out / stem).exists()]
-    if len(set(stems)) < len(stems) or taken:
-        found = f"{taken[0]} exists" if taken else f"two files are named {stems}"
+    if len(set(stems)) < len(stems):
         raise EtnError(
-            f"Expected one new folder per file under {out}, but {found}. Remove it, rename the "
-            "files or choose another --out."
+            f"Expected one new folder per file under {out}, but two files are named {stems}. "
+            "Rename the files or import them into separate folders."
         )
-    read = read_checked({path: "ood" for path in files})
-    weights = found_classifier(read, classifier)
-    lines = []
+    if out.exists() and not out.is_dir():
+        raise EtnError(
+            f"--out {out} is a file; expected a folder to write the splits into (new, or one an "
+            "earlier etn import wrote). Choose another --out."
+        )
+    done = {path for path in files if imported_already(path, out / path.stem)}
+    todo = {path: "ood" for path in files if path not in done}
+    read = read_checked(todo) if todo else {}
+    weights = found_classifier(read, classifier) if read or classifier else None
+    lines = [f"import: {path} -> {out / path.stem}: up to date" for path in files if path in done]
     out.mkdir(parents=True, exist_ok=True)
     for path, features in read.items():
-        write_split(features, out / path.stem)
-        lines.append(f"import: {path} -> {out / path.stem} ({len(features.hidden)} rows)")
+        target = out / path.stem
+        with unit_lock(target):
+            remove_partials(target)  # a killed run's; we hold the lock
+            write_split(features, target)
+        lines.append(f"import: {path} -> {target} ({len(features.hidden)} rows)")
     if weights is not None:
         weight, bias, origin = weights
         source = {"kind": "given", "file": str(origin)}
         save_classifier(out / "classifier.safetensors", weight, bias, {"classifier_source": source})
         lines.append(f"import: classifier {tuple(weight.shape)} from {origin}")
     return lines
+
+
+def imported_already(path: Path, target: Path) -> bool:
+    """Whether ``target`` is a whole import of this very file; one line when it holds
+    anything else, which an import never overwrites."""
+    if not target.exists():
+        return False
+    expected = fingerprint_key(import_fingerprint(path))
+    try:
+        same = load_manifest(target)["key"] == expected and split_damage(target) is None
+    except EtnError:
+        same = False
+    if not same:
+        raise EtnError(
+            f"Expected a new folder for {path.name} under {target.parent}, but {target} exists "
+            "and holds something else. Remove it, rename the file or choose another --out."
+        )
+    return True
 
 
 def found_classifier(

@@ -11,7 +11,8 @@ classifier = "mine/classifier.npz"   # optional: weight (C, D), bias (C,); or "f
 
 A **file** becomes a split folder under ``<data>/features/<backbone>-own/`` named by the
 sha256 of its bytes (``etn run`` / ``etn extract`` import it, :mod:`.importer`); a **folder** is
-read in place, keyed by the checksums of its shards.
+read in place, keyed by its manifest or the checksums of its shards, which are recorded at
+first use so that later bit rot is refused (:mod:`.folders`).
 
 The **classifier** (``weight``, ``bias``) that last-layer heads start from (``needs_classifier``:
 map_edl, ib_edl, laplace, mcd, ensemble) is, in this order: the ``classifier`` file; the
@@ -30,6 +31,7 @@ from typing import Any
 
 from etn_cli.errors import EtnError
 from etn_cli.own_features.files import SUFFIXES, is_feature_file
+from etn_cli.own_features.folders import OWN_RECORD, own_folder_key
 from etn_cli.store import file_sha256, fingerprint_key
 
 CLASSIFIER = "classifier.safetensors"
@@ -47,19 +49,10 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def split_key(path: Path) -> str:
-    """The content key of a shard folder: its manifest's key, or for a folder of the user's own
-    shards without a manifest, the key of their checksums (as ``read_split`` computes it)."""
-    import json
+    """The content key of a shard folder with a manifest: the manifest's key."""
+    from etn_cli.store.writing.manifest import load_manifest
 
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        return json.loads(manifest.read_text())["key"]
-    hashes = {p.name: file_sha256(p) for p in sorted(path.glob("*.h5"))}
-    if not hashes:
-        raise EtnError(
-            f"Feature folder {path} holds no *.h5 shards. See the README's shard format."
-        )
-    return fingerprint_key({"byof": True, "shards": hashes})
+    return load_manifest(path)["key"]
 
 
 def import_fingerprint(path: Path) -> dict[str, Any]:
@@ -85,7 +78,10 @@ def feature_entry(pipeline: Any, store: Path, role: str, entry: str) -> tuple[Pa
             f"Point it at a folder of shard-*.h5 files or a {'/'.join(SUFFIXES)} file."
             + pipeline.standins_hint()
         )
-    return path, {"byof": split_key(path)}
+    if (path / "manifest.json").is_file():
+        return path, {"byof": split_key(path)}
+    key, shards = own_folder_key(path, store.parent / OWN_RECORD)
+    return path, {"byof": key, "shards": shards}
 
 
 def classifier_path(store: Path, source: dict[str, Any] | None) -> Path | None:
@@ -118,7 +114,20 @@ def classifier_source(pipeline: Any, plan: Any) -> dict[str, Any] | None:
 
 
 def array_names(path: Path) -> set[str]:
-    """The array names of a feature file, read from its index only."""
+    """The array names of a feature file, read from its index only; one line when it is not
+    a readable file of its kind."""
+    from etn_cli.own_features.files import FIX, read_errors
+
+    try:
+        return _array_names(path)
+    except read_errors() as err:
+        raise EtnError(
+            f"Cannot read the features in {path} ({type(err).__name__}: {str(err)[:80]}); "
+            f"expected a readable {path.suffix} file. {FIX}"
+        ) from None
+
+
+def _array_names(path: Path) -> set[str]:
     suffix = path.suffix.lower()
     if suffix == ".npz":
         import zipfile

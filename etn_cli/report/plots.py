@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from etn_cli.errors import EtnError
 from etn_cli.report.tables import summarize
 from etn_cli.store.atomic import atomic_write_bytes
 
@@ -48,6 +49,20 @@ def sweep_points(df: pl.DataFrame) -> pl.DataFrame:
     return rows
 
 
+def sweep_point(text: str, method: str) -> dict[str, Any]:
+    """One row's ``sweep`` column: a JSON object of the swept settings' values."""
+    try:
+        point = json.loads(text)
+    except (ValueError, RecursionError):
+        point = None
+    if not isinstance(point, dict):
+        raise EtnError(
+            f"The metrics of {method} give sweep = {text[:60]!r}; expected a JSON object of the "
+            "swept settings. Re-run etn evaluate to rewrite the file."
+        )
+    return point
+
+
 def sweep_plots(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
     """Draw every ablation figure of the metrics in ``df`` into ``folder`` as PNG and PDF.
 
@@ -60,7 +75,7 @@ def sweep_plots(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Pa
     written: list[Path] = []
     for method in points["method"].unique(maintain_order=True).to_list():
         mine = points.filter(pl.col("method") == method)
-        parsed = [json.loads(s) for s in mine["sweep"].to_list()]
+        parsed = [sweep_point(s, method) for s in mine["sweep"].to_list()]
         labels = mine["method_label"].to_list()
         for setting in dict.fromkeys(k for point in parsed for k in point):
             groups: dict[str, list[tuple[Any, str]]] = {}

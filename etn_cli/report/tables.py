@@ -9,14 +9,15 @@ MI, DE); :func:`render` writes it as Markdown, CSV or LaTeX (booktabs).
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from etn_cli.errors import DamagedArtefact, EtnError
-from etn_cli.store.artefacts.sealed import read_sealed
+from etn_cli.store.artefacts.sealed import read_sealed, recorded_sha256
+from etn_cli.store.artefacts.unitkey import check_recorded_key
+from etn_cli.store.notes import note_once
 
 COLUMN_TYPES: dict[str, pl.DataType] = {
     "pipeline": pl.String(),
@@ -82,16 +83,16 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
             raise EtnError(f"Metrics file {path} does not exist. Run evaluate or fix the path.")
         # checked against its recorded sha256 before parsing: the Parquet reader can abort
         # the process on a damaged file
-        frame = parse_metrics_bytes(path, _sealed_metrics(Path(path)))
-        missing = [n for n in COLUMN_TYPES if n not in frame.columns and n not in OPTIONAL_COLUMNS]
-        if missing:
-            raise EtnError(
-                f"Metrics file {path} lacks required columns: {', '.join(missing)}. "
-                "Re-run evaluate with this version of etn to rewrite it."
+        sealed = recorded_sha256(Path(path)) is not None
+        data = _sealed_metrics(Path(path)) if sealed else Path(path).read_bytes()
+        frame = parse_metrics_bytes(path, data, sealed=sealed)
+        if not sealed:  # said once it parsed, so that a refusal stays one line
+            note_once(
+                f"note: {path} carries no checksum ({Path(path).name}.sha256), so damage that "
+                "leaves it readable cannot be found; read as is"
             )
-        absent = [pl.lit(None, pl.String).alias(n) for n in OPTIONAL_COLUMNS if n not in frame]
-        frame = frame.with_columns(absent) if absent else frame
-        frames.append(frame.with_columns(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items()))
+        check_metrics_key(Path(path), frame)
+        frames.append(typed_metrics(path, frame))
     metrics = pl.concat(
         [f.with_columns(pl.lit(str(p)).alias("_file")) for f, p in zip(frames, paths, strict=True)],
         how="diagonal_relaxed",
@@ -100,15 +101,48 @@ def read_metrics(paths: list[Path]) -> pl.DataFrame:
     return metrics.drop("_file")
 
 
-def parse_metrics_bytes(path: Path, data: bytes) -> pl.DataFrame:
+def parse_metrics_bytes(path: Path, data: bytes, sealed: bool = True) -> pl.DataFrame:
+    """The metrics frame in ``data``; bytes without a recorded checksum are parsed through
+    the checked path (:mod:`etn_cli.store.reading.parquet`), as a damaged file can abort the
+    Parquet reader. Either way an unreadable file is one line."""
+    from etn_cli.store.reading.parquet import parse_parquet, parse_parquet_checked
+
+    parse = parse_parquet if sealed else parse_parquet_checked
     try:
-        return pl.read_parquet(io.BytesIO(data))
-    except (OSError, pl.exceptions.PolarsError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return parse(data, path, "Delete it and run etn evaluate (or etn run) again.")
+    except EtnError as err:
+        raise EtnError(f"Metrics file {err}") from None
+
+
+def typed_metrics(path: Path, frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with every column of :data:`COLUMN_TYPES`, each of its type (optional ones
+    null where absent); a missing column or a value of another type is one line."""
+    missing = [n for n in COLUMN_TYPES if n not in frame.columns and n not in OPTIONAL_COLUMNS]
+    if missing:
         raise EtnError(
-            f"Metrics file {path} is not a readable Parquet file ({first}). Delete it and run etn "
-            "evaluate (or etn run) again."
+            f"Metrics file {path} lacks required columns: {', '.join(missing)}. "
+            "Re-run evaluate with this version of etn to rewrite it."
+        )
+    absent = [pl.lit(None, pl.String).alias(n) for n in OPTIONAL_COLUMNS if n not in frame]
+    frame = frame.with_columns(absent) if absent else frame
+    try:
+        return frame.with_columns(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items())
+    except pl.exceptions.PolarsError:
+        wrong = [f"{n} is {frame.schema[n]}" for n, t in COLUMN_TYPES.items()
+                 if frame.schema[n] != t and frame.schema[n] != pl.Null]  # fmt: skip
+        raise EtnError(
+            f"Metrics file {path} has columns of other types ({'; '.join(wrong[:3])}); expected "
+            "etn's metrics schema. Re-run evaluate to rewrite it."
         ) from None
+
+
+def check_metrics_key(path: Path, frame: pl.DataFrame) -> None:
+    """The rows of ``<head>-<key>.parquet`` carry ``metrics_key`` = that key (a file copied
+    over another's name, with its checksum, is another head's or seed's results)."""
+    if "metrics_key" in frame.columns:
+        keys = frame["metrics_key"].unique(maintain_order=True).to_list()
+        fix = "Run etn evaluate (or etn run) on its pipeline to rebuild it."
+        check_recorded_key(path, keys, f"Metrics file {path}", fix)
 
 
 def _refuse_repeated_paths(paths: list[Path]) -> None:

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from etn_cli import progress
 from etn_cli.datasets.base import check_inputs
 from etn_cli.datasets.class_check import check_id_classes
@@ -50,6 +52,7 @@ from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
 from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
 from etn_cli.store.artefacts.sealed import discard, repair_line
 from etn_cli.store.atomic import unit_lock
+from etn_cli.store.content import save_memos
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.reading.reader import split_damage
 from etn_cli.store.storage import explained_storage_errors
@@ -72,9 +75,12 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
         splits = {unit.path: unit_split(plan, unit) for unit in plan.feature_units}
         pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
         if pending:  # every input checked and the model loaded before anything is written
-            check = functools.partial(check_pending_inputs, pending, splits)
+            transform = getattr(plan.backbone, "transform", None)  # images: their sizes
+            check = functools.partial(check_pending_inputs, pending, splits, transform)
             from_main(world, check, "checking the input files")
             load_weights(backbone())
+        if world.main:  # the digests of the input files learnt while planning
+            save_memos()
         for unit in plan.feature_units:
             extract_unit(plan, unit, splits[unit.path], backbone, device, world, result)
         if world.main:
@@ -85,7 +91,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
 def import_features(plan: Plan, result: StageResult) -> StageResult:
     """The extract stage of a ``[features]`` pipeline: import the files not imported yet
     (:mod:`etn_cli.own_features.importer`); folders of shards are read where they are."""
-    from etn_cli.own_features.importer import read_checked, write_split
+    from etn_cli.own_features.importer import check_before_import, read_checked, write_split
 
     pending = {}
     for unit in plan.feature_units:
@@ -95,6 +101,8 @@ def import_features(plan: Plan, result: StageResult) -> StageResult:
         else:
             pending[Path(file)] = unit
     read = read_checked({path: unit.role for path, unit in pending.items()}) if pending else {}
+    if read:  # the checks train and evaluate would make, before the first file is written
+        check_before_import(plan, read)
     for path, unit in pending.items():
         unit.path.parent.mkdir(parents=True, exist_ok=True)
         with unit_lock(unit.path):
@@ -114,7 +122,9 @@ def unit_split(plan: Plan, unit: FeatureUnit) -> Callable[[], Any]:
     return functools.cache(lambda: load_unit_split(plan.pipeline, unit))
 
 
-def check_pending_inputs(pending: list[FeatureUnit], splits: dict[Path, Callable]) -> None:
+def check_pending_inputs(
+    pending: list[FeatureUnit], splits: dict[Path, Callable], transform: Any = None
+) -> None:
     """Read every split still to extract and check its inputs (every image file's header,
     :func:`~etn_cli.datasets.base.check_inputs`), so that a bad file in the last split stops
     the run before the first split is written."""
@@ -125,7 +135,37 @@ def check_pending_inputs(pending: list[FeatureUnit], splits: dict[Path, Callable
                 f"Expected rows for split {unit.path.name!r}, but the dataset split is empty; "
                 "nothing was written. Check that the dataset split is not empty."
             )
-        check_inputs(split)
+        check_sizes(unit, check_inputs(split), transform)
+        if unit.role == "test":
+            check_test_classes(unit, getattr(split.data, "labels", None))
+
+
+def check_sizes(unit: FeatureUnit, sizes: Any, transform: Any) -> None:
+    """Images the backbone's transform leaves of several sizes cannot share a batch; said
+    before anything is extracted (the images were decoded to be checked)."""
+    if not sizes or transform is None:
+        return
+    shapes = sorted({transform.output_size(*size) for size in sizes})
+    if len(shapes) > 1:
+        raise EtnError(
+            f"Images of split {unit.path.name!r} come to the sizes {shapes[:3]} (width, height) "
+            "after the backbone's resize and crop; the model needs one size. Set crop = N (and "
+            "resize) in the pipeline's [backbone] table."
+        )
+
+
+def check_test_classes(unit: FeatureUnit, labels: Any) -> None:
+    """A test split of one class makes every confidence metric meaningless (nothing wrong to
+    rank against right); said before anything is extracted, where the labels are known."""
+    if labels is None:
+        return
+    classes = np.unique(np.asarray(labels)[np.asarray(labels) >= 0])
+    if len(classes) == 1:
+        raise EtnError(
+            f"The ID test split {unit.split!r} of {unit.dataset} holds only class {classes[0]} "
+            f"in its {len(labels)} rows; expected at least two classes, or confidence metrics "
+            "cannot rank right against wrong. Use a test split with several classes."
+        )
 
 
 def load_weights(backbone: Any) -> None:

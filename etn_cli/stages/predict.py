@@ -253,11 +253,10 @@ def resolve_inputs(plan: Plan, text: str, num_classes: int) -> Inputs:
 
 
 def image_folder(folder: Path, num_classes: int) -> Inputs:
+    from etn_cli.datasets.image_folder import images_below
     from etn_cli.datasets.imagenet import IMAGE_SUFFIXES
 
-    files = sorted(
-        p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
-    )
+    files = images_below(folder)  # links followed once, a loop or a dangling link refused
     if not files:
         raise EtnError(
             f"Folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}, searched "
@@ -278,15 +277,9 @@ class ImagePaths(torch.utils.data.Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from PIL import Image, UnidentifiedImageError
+        from etn_cli.datasets.imagenet import read_image
 
-        try:
-            with Image.open(self.files[i]) as image:
-                return image.convert("RGB"), -1
-        except (UnidentifiedImageError, OSError) as err:
-            raise EtnError(
-                f"Cannot read image {self.files[i]} ({type(err).__name__}). Remove or fix it."
-            ) from None
+        return read_image(self.files[i]), -1
 
 
 def question_file(path: Path) -> Inputs:

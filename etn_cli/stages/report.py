@@ -16,14 +16,16 @@ from pathlib import Path
 
 import polars as pl
 
-from etn_cli.errors import EtnError
+from etn_cli import progress
+from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.metrics.reliability import RELIABILITY_METRICS
-from etn_cli.overrides import selection, selection_key
+from etn_cli.overrides import selection
 from etn_cli.plan import Plan
 from etn_cli.provenance import etn_version, now
 from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
 from etn_cli.report.frontier import frontier_plot
+from etn_cli.report.plot_record import intact_figures, read_plot_record, write_plot_record
 from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render
@@ -31,6 +33,7 @@ from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
 from etn_cli.store.artefacts.predictions import predictions_path
+from etn_cli.store.artefacts.sealed import repair_line
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import fingerprint_key
 
@@ -43,7 +46,6 @@ PLOTS_VERSION = 8
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 RISK_COVERAGE = "risk-coverage"  # likewise
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
-PLOT_RECORD = "plots.json"
 REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
 
 
@@ -176,23 +178,23 @@ def report(
             written.append(path)
     extra = {
         "pipeline_file": str(plan.pipeline.path),
-        "selection": selection(plan.pipeline.overrides, plan.pipeline.only),
+        "selection": selection(
+            plan.pipeline.overrides, plan.pipeline.only, plan.pipeline.selection_key
+        ),
         "metrics_keys": [u.key for u in plan.metrics],
     }
     if comparison is not None:
         extra["comparisons"] = comparison.records()
     atomic_write_text(folder / "results.json", results_json(summary, extra))
     written.append(folder / "results.json")
-    record_path = folder / PLOT_RECORD
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    record = earlier_record(folder)
     plots, drawn, key = _plots(plan, metrics, folder, metric, record)
     written += plots
     names = {p.name for p in written}
     for old in _earlier_files(folder, record):  # a table or plot this report no longer makes
         if old.name not in names:
             old.unlink(missing_ok=True)
-    files = sorted(names)
-    atomic_write_text(record_path, json.dumps({"key": key, "drawn": drawn, "files": files}))
+    write_plot_record(folder, key, drawn, sorted(names))
     if fmt == "json":
         return results_json(summary, extra), written
     shown = table_text(summary, fmt, metric, fitted_on, comparison)
@@ -234,11 +236,22 @@ def _plots(
     plots[RISK_COVERAGE] = lambda: risk_coverage_plot(metrics, rows, folder)
     for name, draw in plots.items():
         paths = [folder / f for f in drawn.get(name, [])]
-        if not paths or not all(p.is_file() for p in paths):
+        if not intact_figures(folder, record, drawn.get(name, [])):
             paths = draw()
         drawn[name] = [p.name for p in paths]
         files += paths
     return files, {name: drawn[name] for name in plots}, key
+
+
+def earlier_record(folder: Path) -> dict:
+    """The ``plots.json`` the last report of this folder wrote; a damaged one is said in one
+    ``repair:`` line and taken as none, so every figure is drawn again and only files of the
+    folder itself are cleaned up (:mod:`etn_cli.report.plot_record`)."""
+    try:
+        return read_plot_record(folder)
+    except DamagedArtefact as damage:
+        progress.say(repair_line(damage, "Redrawing every figure."))
+        return {}
 
 
 def _earlier_files(folder: Path, record: dict) -> list[Path]:
@@ -247,7 +260,7 @@ def _earlier_files(folder: Path, record: dict) -> list[Path]:
     named = [folder / f for f in record.get("files", [])]
     legacy = [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
     if "files" not in record:  # tables and plots of an etn that kept no list of them
-        legacy += [p for p in folder.iterdir() if p.suffix in REPORT_SUFFIXES]
+        legacy += [p for p in folder.iterdir() if p.is_file() and p.suffix in REPORT_SUFFIXES]
     return named + legacy
 
 
@@ -267,9 +280,10 @@ def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
 
 def report_folder(plan: Plan) -> Path:
     """Where a pipeline's tables and plots go: ``<data>/reports/<pipeline>/``, or for a run
-    with ``--set`` or ``--only`` ``<data>/reports/<pipeline>+<8 hex of the selection>/``, so
-    a subset or an override never overwrites the full pipeline's report."""
-    key = selection_key(plan.pipeline.overrides, plan.pipeline.only)
+    whose ``--set`` or ``--only`` change it ``<data>/reports/<pipeline>+<8 hex>/``, keyed by
+    the pipeline they give, so a subset or an override never overwrites the full pipeline's
+    report and two different effects never share a folder."""
+    key = plan.pipeline.selection_key
     name = plan.pipeline.name if key is None else f"{plan.pipeline.name}+{key}"
     return plan.data_dir / "reports" / name
 

@@ -20,6 +20,7 @@ from etn_cli import progress
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.own_features.classifier import classifier_for, classifier_record
+from etn_cli.own_features.folders import OWN_RECORD, remember_own_folders
 from etn_cli.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.head_inputs import check_head_inputs
@@ -70,6 +71,7 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
     reader = cache(lambda role: _fit_features(features_of[role]))
     check_head_inputs(plan, todo, reader("adapt"))  # every head has what it reads, before any fit
     with explained_storage_errors():
+        remember_own_folders(plan.feature_units, plan.data_dir / "features" / OWN_RECORD)
         for unit in todo:
             ensure_writable(unit.path.parent)
             with unit_lock(unit.path):

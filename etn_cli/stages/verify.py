@@ -5,14 +5,14 @@ nothing: every feature split is checked against its manifest (checksums, row cou
 finite values, unique index, the content key in its folder name), every head against the
 checksums in its ``train.json`` and by loading it, every metrics file and per-row predictions
 file by reading it and checking its columns and key, the backbone's classifier and the backbone
-folders by reading them. Leftovers of interrupted runs are listed apart: they are not damage,
+folders by reading them, every report folder's ``plots.json`` and the figures it lists.
+Leftovers of interrupted runs are listed apart: they are not damage,
 the next run resumes or replaces them, and ``--clean-partials`` deletes those no running etn
 process holds.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etn_cli.errors import EtnError
+from etn_cli.report.plot_record import PLOT_RECORD, check_report_folder
 from etn_cli.store.artefacts.headfiles import read_json_object
 from etn_cli.store.artefacts.sealed import without_advice
 from etn_cli.store.fingerprint import fingerprint_key
@@ -115,6 +116,11 @@ def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], 
     for pipeline in _units(data_dir / "predictions"):
         for file in sorted(pipeline.glob("*.parquet")):
             found.append(("prediction files", file, _check_predictions, _rerun(file, "evaluate")))
+    for folder in _units(data_dir / "reports"):
+        record = folder / PLOT_RECORD
+        if record.is_file():
+            fix = f"Run etn report on its pipeline again (it redraws {folder.name})."
+            found.append(("report folders", record, check_report_folder, fix))
     for folder in _units(data_dir / "backbones"):
         if "-finetune-" in folder.name:
             fix = _rerun(folder, "finetune")
@@ -173,13 +179,7 @@ def _check_head(path: Path) -> None:
     from etn_cli.heads.base import Head
     from etn_cli.store.artefacts.headfiles import check_head_folder
 
-    record = check_head_folder(path)
-    named = KEY_SUFFIX.search(path.name)
-    if named and record.get("key") != named.group(1):
-        raise EtnError(f"train.json records key {record.get('key')!r}, not the folder's key.")
-    meta = json.loads((path / "head.json").read_text(encoding="utf-8"))
-    if named and path.name[: named.start()] != meta["head"]:
-        raise EtnError(f"head.json names head {meta['head']!r}, not the folder's head.")
+    check_head_folder(path)  # its files, its recorded key and head name against the folder's
     try:
         Head.load(path)
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -187,7 +187,7 @@ def _check_head(path: Path) -> None:
 
 
 def _check_metrics(path: Path) -> None:
-    from etn_cli.report.tables import parse_metrics_bytes
+    from etn_cli.report.tables import check_metrics_key, parse_metrics_bytes
     from etn_cli.store.artefacts.sealed import read_sealed
 
     frame = parse_metrics_bytes(path, read_sealed(path))  # checked before the Parquet reader runs
@@ -195,25 +195,18 @@ def _check_metrics(path: Path) -> None:
     if missing or frame.height == 0:
         raise EtnError(f"Expected rows with columns {', '.join(METRICS_COLUMNS)}; missing "
                        f"{', '.join(missing) or 'no column'} in {frame.height} rows.")  # fmt: skip
-    keys = frame["metrics_key"].unique().to_list()
-    named = KEY_SUFFIX.search(path.stem)
-    if len(keys) != 1 or (named and keys[0] != named.group(1)):
-        raise EtnError(f"Its rows carry metrics_key {keys}, not the key in the file's name.")
+    check_metrics_key(path, frame)
 
 
 def _check_predictions(path: Path) -> None:
     from etn_cli.store.artefacts.predictions import read_rows
 
-    frame = read_rows(path)  # checked against its sidecar before the Parquet reader runs
+    frame = read_rows(path)  # checked against its sidecar and its key before it is used
     wanted = ("eval_set", "task", "row", "prediction", "metrics_key")
     missing = [column for column in wanted if column not in frame.columns]
     if missing or frame.height == 0:
         raise EtnError(f"Expected per-row predictions; missing {', '.join(missing) or 'no column'} "
                        f"in {frame.height} rows.")  # fmt: skip
-    keys = frame["metrics_key"].unique().to_list()
-    named = KEY_SUFFIX.search(path.stem)
-    if len(keys) != 1 or (named and keys[0] != named.group(1)):
-        raise EtnError(f"Its rows carry metrics_key {keys}, not the key in the file's name.")
 
 
 def _check_finetune(path: Path) -> None:

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import check_record_seal
+from etn_cli.store.artefacts.unitkey import check_recorded_key, named_key
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import file_sha256
 from etn_cli.store.notes import note_once
@@ -82,6 +83,7 @@ def check_head_folder(folder: Path) -> dict[str, Any]:
     except EtnError as err:
         raise DamagedArtefact(folder, str(err)) from None
     check_record_seal(record, folder / RECORD, folder)
+    check_recorded_key(folder, record.get("key"), str(folder / RECORD), fix)
     files = record.get("files")
     if not isinstance(files, dict) or set(files) != set(CHECKED_FILES):
         what = " and ".join(CHECKED_FILES)
@@ -102,6 +104,7 @@ def check_head_folder(folder: Path) -> dict[str, Any]:
     missing = [name for name in HEAD_FIELDS if name not in meta]
     if missing:
         raise DamagedArtefact(folder, f"{folder / 'head.json'} lacks {', '.join(missing)}. {fix}")
+    check_head_name(folder, meta["head"], record.get("head"), fix)
     try:
         with safe_open(folder / "weights.safetensors", "np") as handle:
             handle.keys()
@@ -113,6 +116,18 @@ def check_head_folder(folder: Path) -> dict[str, Any]:
     return record
 
 
+def check_head_name(folder: Path, head: object, recorded: object, fix: str) -> None:
+    """``head.json`` and ``train.json`` name one head, the one a keyed folder is named after
+    (``etn-<key>`` holds an ETN head)."""
+    named = folder.name.removesuffix(f"-{named_key(folder)}") if named_key(folder) else None
+    if (recorded is not None and head != recorded) or (named is not None and head != named):
+        raise DamagedArtefact(
+            folder,
+            f"{folder / 'head.json'} names head {head!r}, but {RECORD} names {recorded!r} and "
+            f"the folder {named!r}: the folder holds another unit's files. {fix}",
+        )
+
+
 def read_json_object(path: Path, fix: str = "") -> dict[str, Any]:
     """A JSON file holding one object, or an EtnError saying what is wrong with it (+ ``fix``)."""
     try:
@@ -121,8 +136,9 @@ def read_json_object(path: Path, fix: str = "") -> dict[str, Any]:
         raise EtnError(
             f"Expected {path}, found none: the unit is incomplete. {fix}".strip()
         ) from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise EtnError(f"{path} is not valid JSON ({err}). {fix}".strip()) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
+        why = "nested too deep" if isinstance(err, RecursionError) else err
+        raise EtnError(f"{path} is not valid JSON ({why}). {fix}".strip()) from None
     if not isinstance(value, dict):
         raise EtnError(
             f"{path} holds {type(value).__name__}, expected a JSON object. {fix}".strip()

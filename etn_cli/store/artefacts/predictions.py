@@ -31,6 +31,7 @@ import polars as pl
 
 from etn_cli.errors import EtnError
 from etn_cli.store.artefacts.sealed import read_sealed
+from etn_cli.store.artefacts.unitkey import check_recorded_key
 
 PREDICTIONS = "predictions"  # the folder beside <data>/metrics
 SCORE_PREFIX = "score_"
@@ -74,13 +75,18 @@ def read_rows(path: Path) -> pl.DataFrame:
 
     data = read_sealed(path, legacy_ok=False)
     try:
-        return pl.read_parquet(io.BytesIO(data))
+        frame = pl.read_parquet(io.BytesIO(data))
     except (OSError, pl.exceptions.PolarsError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise EtnError(
             f"Predictions file {path} is not a readable Parquet file ({first}). Delete it and "
             "run etn evaluate (or etn run) again."
         ) from None
+    if "metrics_key" in frame.columns:
+        keys = frame["metrics_key"].unique(maintain_order=True).to_list()
+        fix = "Run etn evaluate (or etn run) on its pipeline to rebuild it."
+        check_recorded_key(Path(path), keys, f"Predictions file {path}", fix)
+    return frame
 
 
 def scores_of(frame: pl.DataFrame) -> list[str]:

@@ -84,6 +84,13 @@ def check_splits(adapt: Path, test: Path, ood: dict[str, Path]) -> None:
     """The adaptation, test and OOD splits can be used together; one EtnError line if not."""
     infos = [split_info("adaptation set", adapt), split_info("ID test set", test)]
     infos += [split_info(f"OOD set {name!r}", path) for name, path in ood.items()]
+    check_split_infos(infos, split_labels(infos[0]), split_labels(infos[1]))
+
+
+def check_split_infos(infos: list[SplitInfo], adapt: np.ndarray, test: np.ndarray) -> None:
+    """:func:`check_splits` on what is known of the splits (adaptation, test, then the OOD
+    sets) and the adaptation and test labels, wherever they come from (a feature file about to
+    be imported is checked before it is written)."""
     first = infos[0]
     for info in infos:
         if info.rows == 0:
@@ -92,8 +99,8 @@ def check_splits(adapt: Path, test: Path, ood: dict[str, Path]) -> None:
                 "Check the dataset split, or remove it from the pipeline."
             )
         _check_same_source(first, info)
-    _check_labels(infos[0], split_labels(infos[0]), need_two=False)
-    _check_labels(infos[1], split_labels(infos[1]), need_two=True)
+    _check_labels(infos[0], adapt, need_two=False)
+    _check_labels(infos[1], test, need_two=True)
 
 
 def _check_same_source(first: SplitInfo, info: SplitInfo) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.provenance import provenance
 from etn_cli.store.artefacts.sealed import SEAL, check_record_seal, seal_record
+from etn_cli.store.artefacts.unitkey import check_recorded_key
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 
@@ -92,10 +93,11 @@ def load_manifest(split_dir: Path) -> dict[str, Any]:
         raise DamagedArtefact(
             split_dir, f"Expected a manifest at {path}, found none. Run etn extract for this split."
         ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        why = "nested too deep" if isinstance(error, RecursionError) else error
         raise DamagedArtefact(
             split_dir,
-            f"Manifest {path} is not valid JSON ({error}). Delete the split folder and re-run "
+            f"Manifest {path} is not valid JSON ({why}). Delete the split folder and re-run "
             "extract, or regenerate the manifest with etn_cli.store.write_manifest.",
         ) from None
     if isinstance(manifest, dict) and isinstance(manifest.get("format"), int):
@@ -107,6 +109,8 @@ def load_manifest(split_dir: Path) -> dict[str, Any]:
         _check_top_level(manifest, path)
     except EtnError as err:
         raise DamagedArtefact(split_dir, str(err)) from None
+    fix = "Delete the split folder and run etn extract again."
+    check_recorded_key(Path(split_dir), manifest["key"], f"Manifest {path}", fix)
     return manifest
 
 

@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 
 from etn_cli.errors import EtnError
+from etn_cli.store.sizes import check_declared
 from etn_cli.store.writing.checks import check_dtype, check_finite, check_ndim, describe
 from etn_cli.store.writing.manifest import FORMAT_VERSION, check_format
 from etn_cli.store.writing.valuecheck import ATTRIBUTE, recorded_checksum, value_checksum
@@ -95,16 +96,21 @@ def list_shard_files(split_dir: Path) -> list[str]:
 def inspect_shard(split_dir: Path, file: str) -> ShardLayout:
     """Check a shard's format attribute, dataset names, ranks and dtypes; read no values."""
     name = f"{Path(split_dir).name}/{file}"
-    with open_shard(Path(split_dir) / file, f"shard {name}") as handle:
+    path = Path(split_dir) / file
+    with open_shard(path, f"shard {name}") as handle:
         _check_format_attr(handle, name)
         datasets = _datasets(handle, name)
         found = {key: (d.shape, d.dtype) for key, d in datasets.items()}
         checksums = {key: recorded_checksum(d.attrs) for key, d in datasets.items()}
         fletcher32 = all(d.fletcher32 for d in datasets.values())
+        packed = {key: d.compression is not None for key, d in datasets.items()}
     for key, (shape, dtype) in found.items():
         floating = key not in ("labels", "index")
         check_dtype(dtype, floating, describe(key), f"shard {name}")
         check_ndim(shape, 2 if floating else 1, describe(key), f"shard {name}")
+        declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        check_declared(declared, path.stat().st_size, packed[key], describe(key), path, REREAD_HINT)
+    check_widths(found, name)
     rows = {key: shape[0] for key, (shape, _) in found.items()}
     if len(set(rows.values())) > 1:
         raise EtnError(
@@ -115,6 +121,18 @@ def inspect_shard(split_dir: Path, file: str) -> ShardLayout:
     dtypes = {key: dtype for key, (_, dtype) in found.items()}
     return ShardLayout(rows=rows["hidden"], file=file, widths=widths, dtypes=dtypes,
                        checksums=checksums, fletcher32=fletcher32)  # fmt: skip
+
+
+def check_widths(found: dict[str, tuple], name: str) -> None:
+    """At least one hidden unit and two classes: features of width 0 or a single logit would
+    give a table of numbers that mean nothing."""
+    hidden, logits = found["hidden"][0][1], found["logits"][0][1]
+    if hidden < 1 or logits < 2:
+        raise EtnError(
+            f"Shard {name} holds hidden states of width {hidden} and {logits} logits per row; "
+            f"expected at least 1 and 2 (a classifier's features and its class scores). "
+            f"{REREAD_HINT}"
+        )
 
 
 def read_shard_into(

@@ -1,0 +1,122 @@
+"""``plots.json``: what a report folder holds, read back by the next report of its pipeline.
+
+The record names the files the report wrote (``files``, so that the next report removes the
+ones it no longer makes), the figures drawn per plot kind (``drawn``) with the sha256 of each
+(``sha256``), the key of the metrics they were drawn from (``key``) and the folder it belongs
+to (``folder``); it is sealed like every other record (``record_sha256``). The next report
+redraws a plot kind unless the key matches and every figure of it still hashes as recorded
+(an older etn's record, unsealed and without digests, has every figure redrawn).
+
+A record that does not parse, fails its seal, belongs to another folder or names anything but a
+plain file of its own folder (``../../victim.txt``) is damage: :func:`read_plot_record` says so
+and the report redraws every figure and writes a new record; ``etn verify`` reports it. Nothing
+a damaged record names is ever deleted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from etn_cli.errors import DamagedArtefact
+from etn_cli.store.artefacts.sealed import SEAL, check_record_seal, seal_record
+from etn_cli.store.atomic import atomic_write_text
+from etn_cli.store.fingerprint import file_sha256
+
+PLOT_RECORD = "plots.json"
+FIELDS = {"key": str, "drawn": dict, "files": list, "sha256": dict, "folder": str}
+
+
+def plain_name(name: object) -> bool:
+    """A file directly inside a folder: no separator, not hidden, not ``.`` or ``..``."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and Path(name).name == name
+    )
+
+
+def check_plot_record(record: Any, folder: Path) -> dict[str, Any]:
+    """``record`` when it is a whole record of ``folder``; :class:`DamagedArtefact` otherwise."""
+    path = folder / PLOT_RECORD
+
+    def damaged(problem: str) -> DamagedArtefact:
+        return DamagedArtefact(path, f"{path} {problem}. Run etn report again to redraw it.")
+
+    if not isinstance(record, dict):
+        raise damaged(f"holds {type(record).__name__}, expected a JSON object")
+    check_record_seal(record, path, path)
+    if SEAL not in record:  # an older etn's: no seal, folder or figure digests (all redrawn)
+        record = {**record, "sha256": {}, "folder": folder.name}
+    wrong = [k for k, kind in FIELDS.items() if not isinstance(record.get(k), kind)]
+    if wrong:
+        raise damaged(f"lacks or garbles {', '.join(wrong)}")
+    if record["folder"] != folder.name:
+        raise damaged(f"belongs to the report folder {record['folder']!r}, not {folder.name!r}")
+    if not all(isinstance(drawn, list) for drawn in record["drawn"].values()):
+        raise damaged("lists its figures as something other than lists of names")
+    names = list(record["files"]) + list(record["sha256"])
+    names += [name for drawn in record["drawn"].values() for name in drawn]
+    outside = [name for name in names if not plain_name(name)]
+    if outside:
+        raise damaged(f"names {outside[0]!r}, which is not a file of its own folder")
+    return record
+
+
+def read_plot_record(folder: Path) -> dict[str, Any]:
+    """The folder's record, ``{}`` where there is none; damage raises (see the module doc)."""
+    path = folder / PLOT_RECORD
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedArtefact(path, f"{path} cannot be read ({type(err).__name__}).") from None
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        message = f"{path} is not valid JSON ({type(err).__name__}). Run etn report again."
+        raise DamagedArtefact(path, message) from None
+    return check_plot_record(record, folder)
+
+
+def intact_figures(folder: Path, record: dict[str, Any], names: list[str]) -> bool:
+    """Every one of ``names`` is in ``folder`` and hashes as the record says."""
+    digests = record.get("sha256", {})
+    for name in names:
+        path = folder / name
+        if name not in digests or not path.is_file() or file_sha256(path) != digests[name]:
+            return False
+    return bool(names)
+
+
+def check_report_folder(record_path: Path) -> None:
+    """``etn verify``'s check of a report folder: its record is whole and every figure it
+    lists still hashes as recorded."""
+    folder = Path(record_path).parent
+    record = read_plot_record(folder)
+    for name in sorted({name for names in record.get("drawn", {}).values() for name in names}):
+        if not intact_figures(folder, record, [name]):
+            raise DamagedArtefact(
+                record_path,
+                f"Figure {folder / name} is missing or no longer matches the sha256 that "
+                f"{PLOT_RECORD} records. Run etn report again to redraw it.",
+            )
+
+
+def write_plot_record(folder: Path, key: str, drawn: dict, files: list[str]) -> None:
+    """Seal and write the record of what this report drew and wrote."""
+    figures = sorted({name for names in drawn.values() for name in names})
+    record = {
+        "folder": folder.name,
+        "key": key,
+        "drawn": drawn,
+        "files": files,
+        "sha256": {name: file_sha256(folder / name) for name in figures},
+    }
+    atomic_write_text(folder / PLOT_RECORD, json.dumps(seal_record(record)))
