@@ -61,28 +61,6 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     return plan
 
 
-def _own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
-    """The plan of a ``[features]`` pipeline: files to import or shard folders read in place
-    (:mod:`etn_cli.own_features.units`); heads are added by ``make_plan``."""
-    from etn_cli.own_features import units
-
-    spec = pipeline.features
-    assert spec is not None
-    store = units.own_store(pipeline, data_dir)
-
-    def unit(role: str, entry: str, name: str) -> FeatureUnit:
-        path, fingerprint = units.feature_entry(pipeline, store, role, entry)
-        return FeatureUnit(role, name, path, fingerprint=fingerprint)
-
-    ood = [unit("ood", entry, Path(entry).stem) for entry in spec.ood]
-    adapt = unit("adapt", spec.adapt, spec.id_dataset)
-    test = unit("test", spec.test, spec.id_dataset)
-    plan = Plan(pipeline, data_dir, spec.backbone, spec.id_dataset, adapt, test, ood, None)
-    plan.classifier_source = units.classifier_source(pipeline, plan)
-    plan.classifier_path = units.classifier_path(store, plan.classifier_source)
-    return plan
-
-
 def open_source(pipeline: Pipeline, dataset: str) -> Any:
     """The registered dataset ``dataset`` with the pipeline's root and its options table."""
     from etn_cli.datasets import datasets
