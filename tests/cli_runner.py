@@ -40,6 +40,14 @@ PROGRESS = re.compile(
 )
 
 
+STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d ")
+
+
+def unstamped(output: str) -> list[str]:
+    """The lines of ``output`` without the time stamps written off a terminal."""
+    return [STAMP.sub("", line) for line in output.splitlines()]
+
+
 def without_progress(stderr: str) -> str:
     """``stderr`` less the progress lines a run prints for each unit (what is left is what the
     person must read: the error)."""

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-from cli_runner import etn
+from cli_runner import etn, unstamped
 
 from etn_cli.metrics.evaluation import ECE_BINS, expected_calibration_error
 from etn_cli.metrics.reliability import reliability_bins
@@ -173,7 +173,7 @@ def test_a_perfectly_classified_adaptation_split_falls_back_warns_and_is_footnot
     (tmp_path / "fb.toml").write_text(FALLBACK)
     code, output = etn("run", tmp_path / "fb.toml", "-d", tmp_path / "data")
     assert code == 0, output
-    warned = [line for line in output.splitlines() if line.startswith("warning: ")]
+    warned = [line for line in unstamped(output) if line.startswith("warning: ")]
     assert len(warned) == 2 and all("Laplace's rule" in line for line in warned)
     assert not any("UserWarning" in line for line in output.splitlines())  # no source lines
     note = " ".join(output[output.index("Fell back to a rule") :].split("\n")[:3])
