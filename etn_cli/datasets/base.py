@@ -40,12 +40,10 @@ def subsample(split: Split, rows: int, seed: int) -> Split:
     sample's position in its source split."""
     if rows >= len(split):
         return split
-    from torch.utils.data import Subset
-
     chosen = np.sort(np.random.default_rng(seed).choice(len(split), rows, replace=False))
     fingerprint = split.fingerprint | {"rows": rows, "row_seed": seed}
     return Split(
-        split.dataset, split.split, Subset(split.data, chosen.tolist()), split.index[chosen],
+        split.dataset, split.split, _rows_of(split.data, chosen), split.index[chosen],
         split.num_classes, fingerprint,
     )  # fmt: skip
 
@@ -53,13 +51,22 @@ def subsample(split: Split, rows: int, seed: int) -> Split:
 def select_rows(split: Split, positions: np.ndarray) -> Split:
     """The split restricted to the rows at ``positions`` (sorted), ``index`` still naming each
     sample's position in its source split."""
-    from torch.utils.data import Subset
-
     positions = np.sort(np.asarray(positions, dtype=np.int64))
     return Split(
-        split.dataset, split.split, Subset(split.data, positions.tolist()),
+        split.dataset, split.split, _rows_of(split.data, positions),
         split.index[positions], split.num_classes, split.fingerprint,
     )  # fmt: skip
+
+
+def _rows_of(data: Any, positions: np.ndarray) -> Any:
+    """The rows of ``data`` at ``positions``: its own ``select`` where it has one (questions
+    stay questions, which the language model's prompts need), else a torch ``Subset``."""
+    select = getattr(data, "select", None)
+    if select is not None:
+        return select(positions.tolist())
+    from torch.utils.data import Subset
+
+    return Subset(data, positions.tolist())
 
 
 def held_out(n: int, fraction: float, seed: int) -> np.ndarray:

@@ -73,6 +73,11 @@ class QuestionSet(TorchDataset):
     def __getitem__(self, i: int) -> tuple[Question, int]:
         return self.questions[i], self.questions[i].answer
 
+    def select(self, positions: list[int]) -> QuestionSet:
+        """The questions at ``positions``, still a question set (a seeded sample, a held-out
+        calibration part)."""
+        return QuestionSet([self.questions[i] for i in positions])
+
     @property
     def labels(self) -> np.ndarray:
         """The answers (N,) as labels, -1 where a file gives none."""
