@@ -1,19 +1,22 @@
-"""The README's figures from the digits default: one run, then every marked block rewritten.
+"""The figures of the README and ``docs/`` from the digits default: one run, then every marked
+block rewritten.
 
-The README quotes what ``etn run pipelines/digits.toml`` prints and what its results say (the
-Quick start table, the run's time, the method and row counts, and the figures of "Reading the
-results", the paired comparisons, selective prediction, conformal sets, calibration and "When
-ETN helps"). Each such passage sits between ``<!-- figures: NAME -->`` and ``<!-- /figures -->``
-and is rendered here from one run, so after a change that moves results::
+The README and the pages of ``docs/`` quote what ``etn run pipelines/digits.toml`` prints and
+what its results say (the Quick start table, the run's time, the method and row counts, and the
+figures of "Reading the results", "When ETN helps", calibration, selective prediction,
+conformal sets, paired comparisons and the scorers' fit footnote). Each such passage sits
+between ``<!-- figures: NAME -->`` and ``<!-- /figures -->``, each NAME once over all the
+documents, and is rendered here from one run, so after a change that moves results::
 
     python benchmarks/readme_figures.py              # a fresh run in a temporary data directory
     python benchmarks/readme_figures.py -d DIR       # reuse (or make) a run in DIR
     python benchmarks/readme_figures.py --check      # exit 1 naming each stale block
 
 ``tests/test_cli_conventions.py`` renders the same blocks from the Quick start's own run and
-compares them with the README (:func:`stale_blocks`). The run's time is measured, not checked.
-Figures of the studies and sweeps (``studies/``, ``pipelines/digits_settings.toml``, the
-ablations) come from their own scripts and are not rewritten here.
+compares them with the documents (:func:`stale_blocks` on :func:`documents_text`). The run's
+time is measured, not checked. Figures of the studies, sweeps and benchmarks
+(``studies/``, ``pipelines/digits_settings.toml``, ``benchmarks/``) come from their own scripts,
+say so where they are quoted, and are not rewritten here.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCUMENTS = (README, *sorted((ROOT / "docs").glob("*.md")))  # where the blocks may stand
 PIPELINE = ROOT / "pipelines" / "digits.toml"
 BLOCK = re.compile(r"(<!-- figures: ([\w-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
 NUMBER = re.compile(r"[−+-]?\d[\d,]*\.?\d*")
@@ -187,7 +191,8 @@ def unwrapped_blocks(run: Run) -> dict[str, str]:
             f"variant that is not in the paper, closes the gap "
             f"({pct(run, 'ETN (fitted offset)', 'aupr', 'digits-OOD')}). `ETN + TS` is the same "
             f"ETN with its probabilities temperature-scaled on the adaptation split "
-            f"([Calibration](#calibration)): ECE {etn_ece}% → {ts_ece}%, every ranking column "
+            f"([calibration](docs/results.md#calibration)): ECE {etn_ece}% → {ts_ece}%, every "
+            f"ranking column "
             f"unchanged. Among the post-hoc scorers, the feature-space ones ({leaders}) lead on "
             f"AUROC here, as they do on many of OpenOOD's near-OOD benchmarks.\n"
         ),
@@ -218,7 +223,7 @@ def unwrapped_blocks(run: Run) -> dict[str, str]:
             f"{set_size(run, 'DUQ (head)', 'digits_unseen')}.\n"
         ),
         "calibration": (
-            f"On digits (3 seeds; [Reading the results](#reading-the-results)): ETN's ECE "
+            f"On digits (3 seeds; [the README's table](../README.md#quick-start)): ETN's ECE "
             f"{etn_ece}% → {ts_ece}%, NLL {raw(run, 'ETN', 'nll')} → "
             f"{raw(run, 'ETN + TS', 'nll')}, Brier {raw(run, 'ETN', 'brier')} → "
             f"{raw(run, 'ETN + TS', 'brier')}, with {temperatures(run)}; the plain softmax has "
@@ -307,17 +312,41 @@ def raw(run: Run, label: str, metric: str) -> str:
 KEPT = ("quick-start-time",)  # measured, not derived: kept as it is unless the run was timed
 
 
-def rewrite(text: str, rendered: dict[str, str]) -> str:
-    """``text`` with each marked block replaced by its rendering; every block must be known."""
+def rewrite(text: str, rendered: dict[str, str], complete: bool = True) -> str:
+    """``text`` with each marked block replaced by its rendering; every block must be known
+    and, when ``complete``, every rendering must have its block in ``text``."""
     names = [m[2] for m in BLOCK.finditer(text)]
     unknown = set(names) - set(rendered) - set(KEPT)
-    missing = set(rendered) - set(names)
+    missing = set(rendered) - set(names) if complete else set()
     if unknown or missing:
         raise SystemExit(
             f"README blocks unknown here: {sorted(unknown) or '-'}; rendered but not in the "
             f"README: {sorted(missing) or '-'}"
         )
     return BLOCK.sub(lambda m: m[1] + rendered.get(m[2], m[3]) + m[4], text)
+
+
+def documents_text() -> str:
+    """The README and every page of ``docs/``, one after the other: every marked block."""
+    return "\n".join(path.read_text() for path in DOCUMENTS)
+
+
+def rewrite_documents(rendered: dict[str, str]) -> list[Path]:
+    """Every document rewritten with its blocks' renderings; each block name must stand once
+    over all of them, and every rendering must have its block somewhere."""
+    names = [m[2] for m in BLOCK.finditer(documents_text())]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    missing = sorted(set(rendered) - set(names))
+    if twice or missing:
+        raise SystemExit(f"blocks named twice: {twice or '-'}; in no document: {missing or '-'}")
+    changed = []
+    for path in DOCUMENTS:
+        text = path.read_text()
+        new = rewrite(text, rendered, complete=False)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
 
 
 def readme_blocks(text: str) -> dict[str, str]:
@@ -371,13 +400,12 @@ def main() -> None:
         data = args.data_dir or Path(scratch)
         run = finished_run(data) or run_default(data)
         rendered = blocks(run)
-    text = README.read_text()
     if args.check:
-        stale = stale_blocks(text, rendered)
+        stale = stale_blocks(documents_text(), rendered)
         print("stale: " + ", ".join(stale) if stale else "every block is up to date")
         raise SystemExit(1 if stale else 0)
-    README.write_text(rewrite(text, rendered))
-    print(f"rewrote {len(rendered)} blocks of {README}")
+    changed = rewrite_documents(rendered)
+    print(f"rendered {len(rendered)} blocks; rewrote {', '.join(map(str, changed)) or 'nothing'}")
 
 
 if __name__ == "__main__":

@@ -173,8 +173,8 @@ def test_a_class_count_found_after_planning_is_an_error_line_with_exit_2(tmp_pat
 
 
 def readme_block(start: str) -> str:
-    """The fenced block of the README that begins with ``start``."""
-    readme = (REPO / "README.md").read_text()
+    """The fenced block of docs/own-data.md that begins with ``start``."""
+    readme = (REPO / "docs" / "own-data.md").read_text()
     at = readme.index(start)
     return readme[at : readme.index("```", at)]
 
