@@ -34,7 +34,7 @@ def classifier_tensors(
     if missing:
         raise EtnError(
             f"The classifier must hold 'weight' and 'bias', missing {sorted(missing)}. "
-            "Save it with etn_cli.store.save_classifier."
+            "Save it with etn_cli.store.artefacts.classifier.save_classifier."
         )
     weight = to_tensor(classifier["weight"], torch.float32)
     bias = to_tensor(classifier["bias"], torch.float32)
