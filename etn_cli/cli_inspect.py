@@ -148,9 +148,35 @@ def list_names(
 ) -> None:
     """List the registered heads (with their family and needs), backbones, datasets, or the
     pipeline files in a folder."""
-    from etn_cli.report.listing import listing
+    what = choose(what, LISTINGS, "listing")
+    if what == "pipelines":
+        from etn_cli.report.listing import pipeline_listing
 
-    typer.echo(listing(choose(what, LISTINGS, "listing"), folder))
+        typer.echo(pipeline_listing(folder))
+    elif what == "heads":
+        typer.echo(head_listing())
+    elif what == "backbones":
+        from etn_cli.backbones import backbones
+
+        typer.echo("\n".join(backbones.names()))
+    else:
+        from etn_cli.datasets import datasets
+
+        typer.echo("\n".join(datasets.names()))
+
+
+def head_listing() -> str:
+    """``etn ls heads``: every registered head's line (imports every head, and torch)."""
+    from etn_cli.heads import heads
+    from etn_cli.report.listing import HeadEntry, head_listing, head_needs
+
+    entries = []
+    for name in heads.names():
+        cls = heads.get(name)
+        family = getattr(cls, "family", "other")
+        needs, aliases = tuple(head_needs(cls)), tuple(heads.aliases_of(name))
+        entries.append(HeadEntry(name, family, cls.label, needs, aliases))
+    return head_listing(entries)
 
 
 def status(

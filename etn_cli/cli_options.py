@@ -6,32 +6,15 @@ Kept apart from :mod:`etn_cli.cli` so the commands read as a list of what etn do
 
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import UsageError, choose
 from etn_cli.progress import write_line
 from etn_cli.store.storage import DATA_DIR_ENV, default_data_dir
-
-
-class UsageError(EtnError):
-    """A mistyped choice or option value: one line and exit status 2, like click's own."""
-
-
-def choose(value: str, allowed: tuple[str, ...], what: str, aliases: dict | None = None) -> str:
-    """``value`` if it is one of ``allowed`` (or an alias of one); otherwise a one-line usage
-    error naming the nearest choice and all of them."""
-    value = (aliases or {}).get(value, value)
-    if value in allowed:
-        return value
-    close = difflib.get_close_matches(value, [*allowed, *(aliases or {})], n=1, cutoff=0.5)
-    hint = f" Did you mean {(aliases or {}).get(close[0], close[0])!r}?" if close else ""
-    raise UsageError(f"Unknown {what} {value!r}.{hint} Choose one of: {', '.join(allowed)}.")
-
 
 FORMATS = ("table", "markdown", "csv", "json", "latex")
 FORMAT_ALIASES = {"md": "markdown", "tex": "latex", "text": "table"}
