@@ -6,6 +6,7 @@ Kept apart from :mod:`etn_cli.cli` so the commands read as a list of what etn do
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -91,6 +92,27 @@ def resolve_data_dir(data_dir: Path | None) -> Path:
             f"(or set {DATA_DIR_ENV})."
         )
     return path
+
+
+DEVICES = re.compile(r"auto|(cpu|cuda|mps)(:\d+)?")
+# torch's other device types: a name torch knows, on which etn does not run
+OTHER_TORCH_DEVICES = ("xpu", "meta", "hip", "ve", "fpga", "maia", "xla", "lazy", "vulkan")
+OTHER_TORCH_DEVICES += ("hpu", "mtia", "privateuseone", "ipu", "mkldnn", "opengl", "opencl")
+OTHER_TORCH_DEVICES += ("ideep",)
+
+
+def check_device_name(device: str) -> str:
+    """``device`` if it names a device etn runs on (``auto``, ``cpu``, ``cuda``, ``cuda:N``,
+    ``mps``), refused in the words :func:`etn_cli.stages.run.resolve_device` uses otherwise;
+    whether this machine has it is for that function (it imports torch), this one does not."""
+    if DEVICES.fullmatch(device):
+        return device
+    kind, _, index = device.partition(":")
+    if kind in OTHER_TORCH_DEVICES and (not index or index.isdigit()):
+        raise UsageError(f"Device {device!r}: etn runs on cpu, cuda or mps, not {kind}.")
+    raise UsageError(
+        f"Unknown device {device!r}. Use cpu, cuda, cuda:N, mps or auto (the default)."
+    )
 
 
 def only_heads(only: str | None) -> tuple[str, ...]:

@@ -19,6 +19,12 @@ from __future__ import annotations
 
 import polars as pl
 
+from etn_cli.report.metric_names import (
+    CALIBRATION,
+    CONFORMAL,
+    RANKING,
+    SELECTIVE,
+)
 from etn_cli.report.tables import (
     METHOD,
     PERCENT_METRICS,
@@ -29,24 +35,9 @@ from etn_cli.report.tables import (
     paper_table,
 )
 
-RANKING = ("aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id")
-CALIBRATION = ("acc", "ece", "nll", "brier")
-SELECTIVE = ("aurc", "eaurc", "risk80", "risk90", "risk95")
-CONFORMAL = ("coverage", "set_size")
-METRICS = (*RANKING, *CALIBRATION, *SELECTIVE, *CONFORMAL, "runtime")
 SELECTIVE_NAMES = {"aurc": "AURC", "eaurc": "E-AURC", "risk80": "Risk@80",
                    "risk90": "Risk@90", "risk95": "Risk@95"}  # fmt: skip
 MAX_WIDTH = 100
-
-
-def check_metric(metric: str | None) -> str | None:
-    """``None`` (the summary) or a metric name the evaluation writes; else a usage error."""
-    if metric is None:
-        return None
-    from etn_cli.errors import choose
-
-    aliases = {"runtime_ms": "runtime", "fpr": "fpr95", "e-aurc": "eaurc", "e_aurc": "eaurc"}
-    return choose(metric.lower(), METRICS, "metric", aliases)
 
 
 def own_scores(summary: pl.DataFrame) -> dict[tuple, str]:
