@@ -7,7 +7,6 @@ registers them. :func:`load_plan` serves :mod:`etn_cli.cli_inspect` too.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -87,15 +86,6 @@ def plan_on(
     if not read_only:
         ensure_data_dir(resolve_data_dir(data_dir))
     return load_plan(pipeline, data_dir, overrides, only, read_only, device), dev
-
-
-def run_stage(stage: str, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
-    """Plan the pipeline, run one stage on it (``stage``: the module under
-    :mod:`etn_cli.stages` and its function of that name, imported once the pipeline is
-    checked) and print what it built and skipped."""
-    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
-    run = getattr(importlib.import_module(f"etn_cli.stages.{stage}"), stage)
-    typer.echo(run(plan, device=dev, **options).summary())
 
 
 def run(
@@ -266,7 +256,10 @@ def train(
     """Fit every head of the pipeline (per seed) on the cached adaptation features."""
     refuse_under_torchrun("train")
     progress.configure(quiet=quiet, verbose=verbose)
-    run_stage("train", pipeline, data_dir, device, overrides, only, force=force)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
+    from etn_cli.stages.train import train as run_train
+
+    typer.echo(run_train(plan, device=dev, force=force).summary())
 
 
 def evaluate(
@@ -282,7 +275,10 @@ def evaluate(
     """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
     refuse_under_torchrun("evaluate")
     progress.configure(quiet=quiet, verbose=verbose)
-    run_stage("evaluate", pipeline, data_dir, device, overrides, only, force=force)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
+    from etn_cli.stages.evaluate import evaluate as run_evaluate
+
+    typer.echo(run_evaluate(plan, device=dev, force=force).summary())
 
 
 def predict(
