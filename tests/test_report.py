@@ -237,7 +237,9 @@ def _drawn_axes(monkeypatch, frame, tmp_path) -> list:  # noqa: ANN001
     from etn_cli.report.frontier import frontier_plot
 
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda figure, folder, stem: figures.append(figure) or [])
+    monkeypatch.setattr(
+        plots, "save_figure", lambda figure, folder, stem: figures.append(figure) or []
+    )
     frontier_plot(frame, tmp_path, "aupr")
     return [ax for ax in figures[0].axes if ax.get_visible()]
 
