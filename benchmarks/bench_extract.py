@@ -76,7 +76,7 @@ from etn_cli.plan import FeatureUnit
 from etn_cli.stages.extract import forward_into
 from etn_cli.stages.extract_ranks import open_share
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
-from etn_cli.store import Layout
+from etn_cli.store.writing.pieces import Layout
 
 SHARD_ROWS = 8192  # [data] shard_rows' default
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from etn_cli.store import ShardWriter, read_split
+from etn_cli.store.reading.reader import read_split
+from etn_cli.store.writing.writer import ShardWriter
 
 BATCH = 1024
 

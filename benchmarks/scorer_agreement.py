@@ -28,7 +28,7 @@ from etn_cli.heads import heads
 from etn_cli.heads.scorers.base import Scorer
 from etn_cli.metrics.ranking import ranking_values
 from etn_cli.metrics.scores import id_score
-from etn_cli.store import load_classifier
+from etn_cli.store.artefacts.classifier import load_classifier
 from etn_cli.store.reading.reader import read_split
 
 OOD = ("digits_unseen.test", "digits_noise.test")

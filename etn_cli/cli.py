@@ -84,7 +84,7 @@ def usage_errors() -> tuple[type[Exception], ...]:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors exit 2 and domain errors 2, each as one line on stderr."""
-    from etn_cli.cli_options import UsageError
+    from etn_cli.errors import UsageError
 
     try:
         code = app(args=argv, prog_name="etn", standalone_mode=False)

@@ -24,12 +24,26 @@ from etn_cli.cli_options import (
     Quiet,
     UsageError,
     Verbose,
+    check_device_name,
     check_format,
     only_heads,
     resolve_data_dir,
 )
 from etn_cli.distributed import is_main_process, refuse_under_torchrun
 from etn_cli.errors import EtnError
+
+
+def checked_pipeline(
+    pipeline: Path, overrides: list[str] | None = None, only: str | None = None
+) -> Any:
+    """Load a pipeline file and check all that needs no torch: the file, its keys and values,
+    ``--set`` and ``--only``, the names it gives and its heads' settings. Every usage and
+    pipeline-file error is refused here, in milliseconds, before a stage is imported."""
+    from etn_cli.pipeline import check_names, load_pipeline
+
+    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
+    check_names(loaded)
+    return loaded
 
 
 def load_plan(
@@ -42,11 +56,10 @@ def load_plan(
 ) -> Any:
     """Load and plan a pipeline; ``read_only`` plans never build (or train) anything; a
     ``--device`` replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
+    loaded = checked_pipeline(pipeline, overrides, only)
     from etn_cli.backbones.base import read_only as building_nothing
-    from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
-    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     loaded = dataclasses.replace(loaded, device=device) if device else loaded
     if not read_only:
         return make_plan(loaded, resolve_data_dir(data_dir))
@@ -65,20 +78,14 @@ def plan_on(
     """The plan and the checked device of a command that builds: a device this machine lacks
     is refused before planning, which may already train a backbone. A ``read_only`` command
     (``predict``) plans without building or creating anything."""
-    from etn_cli.pipeline import load_pipeline
+    loaded = checked_pipeline(pipeline, overrides, only)
+    check_device_name(device or loaded.device)  # a misspelt one before torch loads
     from etn_cli.stages.run import ensure_data_dir, resolve_device
 
-    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     dev = resolve_device(device or loaded.device)
     if not read_only:
         ensure_data_dir(resolve_data_dir(data_dir))
     return load_plan(pipeline, data_dir, overrides, only, read_only, device), dev
-
-
-def run_stage(stage, pipeline: Path, data_dir, device, overrides, only, **options) -> None:  # noqa: ANN001, ANN003
-    """Plan the pipeline, run one stage on it and print what it built and skipped."""
-    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
-    typer.echo(stage(plan, device=dev, **options).summary())
 
 
 def run(
@@ -107,16 +114,14 @@ def run(
     is non-zero if any failed. Under torchrun the ranks share extraction, then rank 0 alone
     trains, evaluates and prints the tables.
     """
-    from etn_cli.report.views import check_metric
-    from etn_cli.stages.run import RunOptions, dry_run_report, run_many
+    from etn_cli.report.metric_names import check_metric
 
     progress.configure(quiet=quiet, verbose=verbose)
-    options = RunOptions(
-        fmt=check_format(format),
-        metric=check_metric(metric),
-        overrides=tuple(overrides or ()),
-        only=only_heads(only),
-    )
+    fmt, metric = check_format(format), check_metric(metric)
+    check_pipelines(pipelines, overrides, only, device)
+    from etn_cli.stages.run import RunOptions, dry_run_report, run_many
+
+    options = RunOptions(fmt, metric, tuple(overrides or ()), only_heads(only))
     data = resolve_data_dir(data_dir)
     if dry_run:
         typer.echo(dry_run_report(pipelines, data, options, device))
@@ -139,6 +144,23 @@ def run(
         raise typer.Exit(1 if any(o.bug for o in outcomes) else 2)
 
 
+def check_pipelines(
+    paths: list[Path], overrides: list[str] | None, only: str | None, device: str | None
+) -> None:
+    """What ``etn run`` refuses before importing any stage: every file's
+    :func:`checked_pipeline` and its device's name, the errors of all files in one line."""
+    from etn_cli.pipeline import expand_paths
+
+    errors = []
+    for path in expand_paths(paths):
+        try:
+            check_device_name(device or checked_pipeline(path, overrides, only).device)
+        except EtnError as err:
+            errors.append(str(err))
+    if errors:
+        raise EtnError(" | ".join(errors) if len(errors) > 1 else errors[0])
+
+
 def finetune(
     pipeline: PipelineArg,
     data_dir: DataDir = None,
@@ -153,11 +175,11 @@ def finetune(
     The weights (or adapter) land in <data-dir>/backbones/<backbone>-finetune-<key>/ with a
     finetune.json record; extract then uses them. Skipped when already complete.
     """
-    from etn_cli.stages.finetune import finetune as run_finetune
-
     refuse_under_torchrun("finetune")
     progress.configure(quiet=quiet, verbose=verbose)
     plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    from etn_cli.stages.finetune import finetune as run_finetune
+
     if plan.finetune is None:
         raise EtnError(
             f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
@@ -178,10 +200,10 @@ def extract(
 
     Under torchrun (torchrun --nproc-per-node N -m etn_cli extract ...) each rank extracts a
     share of every split on its own GPU and rank 0 merges them; the result is the same."""
-    from etn_cli.stages.extract import extract as run_extract
-
     progress.configure(quiet=quiet, verbose=verbose)
     plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    from etn_cli.stages.extract import extract as run_extract
+
     summary = run_extract(plan, device=dev).summary()
     if is_main_process():
         typer.echo(summary)
@@ -232,11 +254,12 @@ def train(
     verbose: Verbose = False,
 ) -> None:
     """Fit every head of the pipeline (per seed) on the cached adaptation features."""
-    from etn_cli.stages.train import train as run_train
-
     refuse_under_torchrun("train")
     progress.configure(quiet=quiet, verbose=verbose)
-    run_stage(run_train, pipeline, data_dir, device, overrides, only, force=force)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
+    from etn_cli.stages.train import train as run_train
+
+    typer.echo(run_train(plan, device=dev, force=force).summary())
 
 
 def evaluate(
@@ -250,11 +273,12 @@ def evaluate(
     verbose: Verbose = False,
 ) -> None:
     """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
-    from etn_cli.stages.evaluate import evaluate as run_evaluate
-
     refuse_under_torchrun("evaluate")
     progress.configure(quiet=quiet, verbose=verbose)
-    run_stage(run_evaluate, pipeline, data_dir, device, overrides, only, force=force)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
+    from etn_cli.stages.evaluate import evaluate as run_evaluate
+
+    typer.echo(run_evaluate(plan, device=dev, force=force).summary())
 
 
 def predict(
@@ -299,10 +323,11 @@ def predict(
     the output (Parquet or CSV) holds the prediction, its probabilities and every
     uncertainty score, plus flags for --threshold and, with a [conformal] section, each row's
     prediction set."""
+    refuse_under_torchrun("predict")
+    checked_pipeline(pipeline, overrides)  # a mistake in the file before torch loads
     from etn_cli.stages.predict import output_format, parse_thresholds
     from etn_cli.stages.predict import predict as run_predict
 
-    refuse_under_torchrun("predict")
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
     plan, dev = plan_on(pipeline, data_dir, device, overrides, read_only=True)  # reads only

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from etn_cli.cli_build import load_plan
+from etn_cli.cli_build import checked_pipeline, load_plan
 from etn_cli.cli_options import (
     DataDir,
     FormatOption,
@@ -73,9 +73,7 @@ def report(
     Tables, results.json and plots go to <data-dir>/reports/<pipeline>/ (with --set or
     --only: <pipeline>+<8 hex of them>/; their paths on stderr); the table in the chosen
     format goes to stdout. Nothing is trained or scored."""
-    from etn_cli.report.views import check_metric
-    from etn_cli.stages.report import report as run_report
-    from etn_cli.stages.report import report_files
+    from etn_cli.report.metric_names import check_metric
 
     refuse_under_torchrun("report")
     fmt, metric = check_format(format), check_metric(metric)
@@ -85,6 +83,12 @@ def report(
             f"--compare needs pipeline files (it reads their per-row predictions), got "
             f"{parquet[0]}. Pass the pipeline file instead, e.g. etn report P.toml --compare ETN."
         )
+    for source in sources:  # every file's mistakes before torch loads
+        if source.suffix != ".parquet":
+            checked_pipeline(source, overrides, only)
+    from etn_cli.stages.report import report as run_report
+    from etn_cli.stages.report import report_files
+
     tables, written = [], []
     for source in sources:
         if source.suffix != ".parquet":
@@ -148,9 +152,35 @@ def list_names(
 ) -> None:
     """List the registered heads (with their family and needs), backbones, datasets, or the
     pipeline files in a folder."""
-    from etn_cli.report.listing import listing
+    what = choose(what, LISTINGS, "listing")
+    if what == "pipelines":
+        from etn_cli.report.listing import pipeline_listing
 
-    typer.echo(listing(choose(what, LISTINGS, "listing"), folder))
+        typer.echo(pipeline_listing(folder))
+    elif what == "heads":
+        typer.echo(head_listing())
+    elif what == "backbones":
+        from etn_cli.backbones import backbones
+
+        typer.echo("\n".join(backbones.names()))
+    else:
+        from etn_cli.datasets import datasets
+
+        typer.echo("\n".join(datasets.names()))
+
+
+def head_listing() -> str:
+    """``etn ls heads``: every registered head's line (imports every head, and torch)."""
+    from etn_cli.heads import heads
+    from etn_cli.report.listing import HeadEntry, head_listing, head_needs
+
+    entries = []
+    for name in heads.names():
+        cls = heads.get(name)
+        family = getattr(cls, "family", "other")
+        needs, aliases = tuple(head_needs(cls)), tuple(heads.aliases_of(name))
+        entries.append(HeadEntry(name, family, cls.label, needs, aliases))
+    return head_listing(entries)
 
 
 def status(
@@ -167,12 +197,12 @@ def status(
 
     Units are the fine-tuned backbone, the feature splits, the classifier, heads x seeds and
     metrics files; partial means in progress or interrupted (with the shards done so far)."""
-    from etn_cli.stages.status import render_status
-    from etn_cli.stages.status import status as unit_status
-
     refuse_under_torchrun("status")
     fmt = check_format(format)
     plan = load_plan(pipeline, data_dir, overrides, only, read_only=True)
+    from etn_cli.stages.status import render_status
+    from etn_cli.stages.status import status as unit_status
+
     typer.echo(render_status(plan, unit_status(plan), fmt))
     if prompt:
         from etn_cli.stages.prompt_example import render_prompt

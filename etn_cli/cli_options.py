@@ -6,32 +6,16 @@ Kept apart from :mod:`etn_cli.cli` so the commands read as a list of what etn do
 
 from __future__ import annotations
 
-import difflib
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import UsageError, choose
 from etn_cli.progress import write_line
 from etn_cli.store.storage import DATA_DIR_ENV, default_data_dir
-
-
-class UsageError(EtnError):
-    """A mistyped choice or option value: one line and exit status 2, like click's own."""
-
-
-def choose(value: str, allowed: tuple[str, ...], what: str, aliases: dict | None = None) -> str:
-    """``value`` if it is one of ``allowed`` (or an alias of one); otherwise a one-line usage
-    error naming the nearest choice and all of them."""
-    value = (aliases or {}).get(value, value)
-    if value in allowed:
-        return value
-    close = difflib.get_close_matches(value, [*allowed, *(aliases or {})], n=1, cutoff=0.5)
-    hint = f" Did you mean {(aliases or {}).get(close[0], close[0])!r}?" if close else ""
-    raise UsageError(f"Unknown {what} {value!r}.{hint} Choose one of: {', '.join(allowed)}.")
-
 
 FORMATS = ("table", "markdown", "csv", "json", "latex")
 FORMAT_ALIASES = {"md": "markdown", "tex": "latex", "text": "table"}
@@ -108,6 +92,27 @@ def resolve_data_dir(data_dir: Path | None) -> Path:
             f"(or set {DATA_DIR_ENV})."
         )
     return path
+
+
+DEVICES = re.compile(r"auto|(cpu|cuda|mps)(:\d+)?")
+# torch's other device types: a name torch knows, on which etn does not run
+OTHER_TORCH_DEVICES = ("xpu", "meta", "hip", "ve", "fpga", "maia", "xla", "lazy", "vulkan")
+OTHER_TORCH_DEVICES += ("hpu", "mtia", "privateuseone", "ipu", "mkldnn", "opengl", "opencl")
+OTHER_TORCH_DEVICES += ("ideep",)
+
+
+def check_device_name(device: str) -> str:
+    """``device`` if it names a device etn runs on (``auto``, ``cpu``, ``cuda``, ``cuda:N``,
+    ``mps``), refused in the words :func:`etn_cli.stages.run.resolve_device` uses otherwise;
+    whether this machine has it is for that function (it imports torch), this one does not."""
+    if DEVICES.fullmatch(device):
+        return device
+    kind, _, index = device.partition(":")
+    if kind in OTHER_TORCH_DEVICES and (not index or index.isdigit()):
+        raise UsageError(f"Device {device!r}: etn runs on cpu, cuda or mps, not {kind}.")
+    raise UsageError(
+        f"Unknown device {device!r}. Use cpu, cuda, cuda:N, mps or auto (the default)."
+    )
 
 
 def only_heads(only: str | None) -> tuple[str, ...]:

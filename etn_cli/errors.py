@@ -1,5 +1,7 @@
 """Domain errors: anything a user can fix becomes an :class:`EtnError` with a one-line message."""
 
+import difflib
+
 WORKER_PREFIX = "Caught EtnError"  # how torch's DataLoader re-raises a worker's error
 MARKER = "EtnError: "
 
@@ -18,6 +20,21 @@ class EtnError(Exception):
         if text.startswith(WORKER_PREFIX) and MARKER in text:
             message = text.rsplit(MARKER, 1)[1].strip()
         super().__init__(message, *args)
+
+
+class UsageError(EtnError):
+    """A mistyped choice or option value: one line and exit status 2, like click's own."""
+
+
+def choose(value: str, allowed: tuple[str, ...], what: str, aliases: dict | None = None) -> str:
+    """``value`` if it is one of ``allowed`` (or an alias of one); otherwise a one-line usage
+    error naming the nearest choice and all of them."""
+    value = (aliases or {}).get(value, value)
+    if value in allowed:
+        return value
+    close = difflib.get_close_matches(value, [*allowed, *(aliases or {})], n=1, cutoff=0.5)
+    hint = f" Did you mean {(aliases or {}).get(close[0], close[0])!r}?" if close else ""
+    raise UsageError(f"Unknown {what} {value!r}.{hint} Choose one of: {', '.join(allowed)}.")
 
 
 def require_extra(modules: tuple[str, ...], extra: str, what: str) -> None:

@@ -264,6 +264,55 @@ def load_pipeline(
     return dataclasses.replace(parsed, **changed)
 
 
+def check_names(pipeline: Pipeline) -> None:
+    """The heads (with their settings), the backbone and the datasets ``pipeline`` names exist,
+    checked from the registries' tables: no head, backbone or dataset is imported, nor torch,
+    so a misspelt name or setting is one line in milliseconds. Planning
+    (:func:`etn_cli.plan.make_plan`) checks the same first, with the same lines, and then what
+    needs the sources themselves (their splits, their files)."""
+    from etn_cli.backbones import backbones
+    from etn_cli.datasets import datasets
+    from etn_cli.heads import heads, settings_of
+
+    for spec in pipeline.heads:
+        try:
+            name = heads.canonical(spec.name)
+            build_config(settings_of(name), spec.settings, f"head {name!r}")
+        except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
+            message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
+            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+    named = []
+    if pipeline.backbone is not None:
+        named.append(("[backbone] name", backbones, pipeline.backbone))
+    if pipeline.data is not None:
+        named.append(("[data] id", datasets, pipeline.data.id))
+        named += [("[data] ood", datasets, name) for name, _ in pipeline.data.ood_sources()]
+    for where, registry, name in named:
+        try:
+            registry.canonical(name)
+        except EtnError as err:
+            raise EtnError(f"{pipeline.path} {where}: {err}") from None
+    if pipeline.data is not None:
+        try:
+            check_groups(pipeline.data.groups, pipeline.data.ood, "[data.groups]")
+        except EtnError as err:
+            raise EtnError(f"{pipeline.path} {err}") from None
+
+
+def expand_paths(paths: list[Path]) -> list[Path]:
+    """Pipeline files, with folders replaced by the ``*.toml`` files inside them (sorted)."""
+    expanded: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.glob("*.toml"))
+            if not found:
+                raise EtnError(f"Folder {path} holds no *.toml pipeline files.")
+            expanded += found
+        else:
+            expanded.append(path)
+    return expanded
+
+
 def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
     for key in raw:
         if key not in TOP_LEVEL:

@@ -44,7 +44,7 @@ from etn_cli.metrics.evaluation import ood_metrics
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan
 from etn_cli.stages.extract import extract
-from etn_cli.store import read_split
+from etn_cli.store.reading.reader import read_split
 
 ROOT = Path(__file__).resolve().parent.parent
 Shift = Callable[[np.ndarray], np.ndarray]

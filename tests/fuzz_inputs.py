@@ -315,7 +315,7 @@ def manifest_project(root: Path) -> Scenario:
     """Shard folders of your own with a manifest each; the target is test's manifest."""
     import h5py
 
-    from etn_cli.store import write_manifest
+    from etn_cli.store.reading.reader import write_manifest
 
     rng = np.random.default_rng(0)
     for seed, name in enumerate(("adapt", "test", "far")):

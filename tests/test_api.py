@@ -21,7 +21,7 @@ import etn_cli
 from etn_cli.errors import EtnError
 from etn_cli.pipeline import load_pipeline
 from etn_cli.plan import make_plan, open_source
-from etn_cli.store import read_split
+from etn_cli.store.reading.reader import read_split
 
 DIGITS = """
 name = "{name}"

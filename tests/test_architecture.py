@@ -9,6 +9,10 @@ An import names a module (``from etn_cli.store.writing import writer``) or, for 
 not a submodule (``from etn_cli.store import read_split``), the package's ``__init__``. That
 importing ``etn_cli.store.atomic`` first runs ``etn_cli/store/__init__.py`` is not counted, or
 every package that re-exports its modules would be a cycle.
+
+The layering rules below name modules by prefix in the tables at the top (``STORE_PUBLIC``,
+``STORE_FOR``, ``REGISTRIES``, ``NO_REGISTRY``): when the package is regrouped, update the
+tables, not the tests.
 """
 
 from __future__ import annotations
@@ -17,6 +21,36 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "etn_cli"
+
+# The store's modules that code outside it may import (``etn_cli.store.`` left out): its ground
+# rules, reading and writing a split, the other artefacts and maintenance. The rest (the shard
+# file format, its value checksums, the extraction journal) only the store itself reads.
+STORE = "etn_cli.store"
+STORE_PUBLIC = {
+    *("fingerprint", "atomic", "storage", "content", "notes", "sizes"),
+    *("reading.reader", "reading.consistency", "reading.parquet"),
+    *("writing.writer", "writing.manifest", "writing.pieces", "writing.merge", "writing.checks"),
+    *("artefacts.classifier", "artefacts.headfiles", "artefacts.predictions"),
+    *("artefacts.sealed", "artefacts.unitkey", "maintenance.leftovers"),
+}
+# Parts below the stages that may use only some of those: they read and key their own inputs
+# but build no unit (the heads' and the digits CNN's sealing is the stages' to take over).
+STORE_FOR = {
+    "etn_cli.metrics": set(),
+    "etn_cli.datasets": {"fingerprint", "content", "reading.parquet"},
+    "etn_cli.heads": {"artefacts.headfiles"},
+    "etn_cli.backbones": {
+        *("fingerprint", "content", "atomic", "artefacts.headfiles", "artefacts.sealed"),
+    },
+    "etn_cli.report": {
+        *("fingerprint", "atomic", "notes", "reading.parquet"),
+        *("artefacts.predictions", "artefacts.sealed", "artefacts.unitkey"),
+    },
+}
+# The registries (a name -> a head, backbone or dataset) and the packages that hold them;
+# importing any module of those packages runs the package's table of names.
+REGISTRIES = ("etn_cli.registry", "etn_cli.heads", "etn_cli.backbones", "etn_cli.datasets")
+NO_REGISTRY = ("etn_cli.report",)  # they are handed what they show
 
 
 def module_names() -> dict[str, Path]:
@@ -117,3 +151,97 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path: Path) ->
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}}
     assert cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]
+
+
+def within(module: str, prefix: str) -> bool:
+    """``module`` is ``prefix`` or a module inside it."""
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def store_imports() -> set[tuple[str, str]]:
+    """(importer, store module without the ``etn_cli.store.`` prefix) for every import of the
+    store from outside it."""
+    return {
+        (module, target.removeprefix(STORE + "."))
+        for module, targets in import_graph().items()
+        if not within(module, STORE)
+        for target in targets
+        if within(target, STORE) and target != STORE
+    }
+
+
+def test_code_outside_the_store_imports_only_its_public_modules() -> None:
+    inside = sorted((m, t) for m, t in store_imports() if t not in STORE_PUBLIC)
+    assert not inside, f"imports of the store's internals (or add to STORE_PUBLIC): {inside}"
+
+
+def test_the_parts_below_the_stages_use_only_their_share_of_the_store() -> None:
+    found = sorted(
+        (module, target)
+        for module, target in store_imports()
+        for part, allowed in STORE_FOR.items()
+        if within(module, part) and target not in allowed
+    )
+    assert not found, f"store modules outside each part's share in STORE_FOR: {found}"
+
+
+def test_the_report_imports_no_registry() -> None:
+    """The report shows what it is handed (results, names read from records); which heads,
+    backbones and datasets exist is for the command line and the planning to know."""
+    found = sorted(
+        (module, target)
+        for module, targets in import_graph().items()
+        if any(within(module, part) for part in NO_REGISTRY)
+        for target in targets
+        if any(within(target, registry) for registry in REGISTRIES)
+    )
+    assert not found, found
+
+
+def private_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """``module._name`` for every private name (one leading underscore) that ``name`` takes
+    from another module of etn_cli: ``from m import _x``, or ``m._x`` on an imported module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bound: dict[str, str] = {}  # local name -> the etn_cli module it is
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules and alias.asname:
+                    bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("etn_cli"):
+            for alias in node.names:
+                target = f"{node.module}.{alias.name}"
+                if target in modules:
+                    bound[alias.asname or alias.name] = target
+                elif is_private(alias.name) and node.module != name:
+                    found.add(f"{node.module}.{alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            target = bound.get(node.value.id)
+            if target is not None and target != name and is_private(node.attr):
+                found.add(f"{target}.{node.attr}")
+    return found
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_takes_another_modules_private_names() -> None:
+    modules = module_names()
+    found = {
+        name: sorted(private)
+        for name, path in modules.items()
+        if (private := private_imports(name, path, modules))
+    }
+    assert not found, f"private names used outside their module (make them public): {found}"
+
+
+def test_the_private_name_checker_sees_from_imports_and_module_attributes(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("from etn_cli.m import _x, y\nimport etn_cli.m as m\nm._z\n")
+    modules = {"etn_cli.m": tmp_path / "m.py", "etn_cli.a": tmp_path / "a.py"}
+    assert private_imports("etn_cli.a", tmp_path / "a.py", modules) == {
+        "etn_cli.m._x",
+        "etn_cli.m._z",
+    }

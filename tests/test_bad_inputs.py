@@ -30,7 +30,7 @@ from llm_fixtures import make_adapter, make_llama
 
 from etn_cli.cli import main
 from etn_cli.stages.run import run_pipeline
-from etn_cli.store import write_manifest
+from etn_cli.store.reading.reader import write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -210,7 +210,7 @@ def _foreign_checkpoint(data: Path, update_record: bool) -> None:
     head = next(p for p in sorted(data.glob("heads/etn-*")) if p.is_dir())
     save_file({"scale.weight": torch.zeros(3, 3)}, head / "weights.safetensors")
     if update_record:
-        from etn_cli.store import head_checksums
+        from etn_cli.store.artefacts.headfiles import head_checksums
         from etn_cli.store.artefacts.sealed import seal_record
 
         record = json.loads((head / "train.json").read_text())

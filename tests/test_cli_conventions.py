@@ -354,7 +354,7 @@ def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # n
 
 
 def test_every_metric_table_fits_100_columns_and_explains_own(finished) -> None:  # noqa: ANN001
-    from etn_cli.report.views import METRICS, RANKING
+    from etn_cli.report.metric_names import METRICS, RANKING
 
     pipeline, data, _ = finished
     for metric in METRICS:

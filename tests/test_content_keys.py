@@ -180,6 +180,6 @@ def test_a_garbage_manifest_in_your_feature_folder_is_one_line(tmp_path, capsys)
     assert code == 2 and err.count("\n") == 1 and "far/manifest.json" in err, err
     assert not [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
     with pytest.raises(DamagedArtefact):
-        from etn_cli.store import load_manifest
+        from etn_cli.store.writing.manifest import load_manifest
 
         load_manifest(tmp_path / "mine" / "far")

@@ -26,8 +26,9 @@ from etn_cli.errors import EtnError
 from etn_cli.stages.extract_batches import batches_in
 from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.verify import verify
-from etn_cli.store import ShardWriter, read_split
+from etn_cli.store.reading.reader import read_split
 from etn_cli.store.writing.pieces import Layout
+from etn_cli.store.writing.writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = """

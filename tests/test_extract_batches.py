@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader
 
 from etn_cli.errors import EtnError
 from etn_cli.stages.extract_batches import batches_in, remaining_batches, tail_loader
-from etn_cli.store import Layout, ShardWriter
+from etn_cli.store.writing.pieces import Layout
+from etn_cli.store.writing.writer import ShardWriter
 
 
 def loader_batches(rows: int, batch: int) -> list[tuple]:

@@ -167,7 +167,7 @@ def test_the_openood_pipelines_extract_images_from_standin_lists(suite, tmp_path
     training list as a seeded sample of fit_rows = 3 for ImageNet)."""
     from cli_runner import etn
 
-    from etn_cli.store import read_split
+    from etn_cli.store.reading.reader import read_split
 
     lists, size = (IMAGENET_LISTS, 40) if suite == "imagenet" else (CIFAR10_LISTS, 32)
     labels = listed_standin(tmp_path / "data" / "openood", lists, size)

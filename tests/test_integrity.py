@@ -106,7 +106,7 @@ def test_the_installed_command_repairs_damage_in_a_new_process(clean, tmp_path, 
 
 
 def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_path) -> None:  # noqa: ANN001
-    from etn_cli.store import ShardWriter
+    from etn_cli.store.writing.writer import ShardWriter
 
     rng = np.random.default_rng(0)
     with ShardWriter(tmp_path / "split", {"test": 1}, shard_rows=64) as writer:
@@ -128,7 +128,7 @@ def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_
 
 
 def test_old_shards_without_value_checksums_still_read(tmp_path) -> None:  # noqa: ANN001
-    from etn_cli.store import write_manifest
+    from etn_cli.store.reading.reader import write_manifest
 
     folder = tmp_path / "old"
     folder.mkdir()
@@ -180,7 +180,7 @@ def test_the_value_checksum_catches_sampled_single_and_double_bit_flips() -> Non
 
 
 def test_fletcher32_shards_of_the_previous_format_still_read_checked(tmp_path) -> None:  # noqa: ANN001
-    from etn_cli.store import write_manifest
+    from etn_cli.store.reading.reader import write_manifest
 
     folder = tmp_path / "f32"
     folder.mkdir()
@@ -221,7 +221,7 @@ def test_damage_to_the_users_own_features_is_refused_not_rebuilt(tmp_path) -> No
     from cli_runner import etn
     from conftest import make_features
 
-    from etn_cli.store import ShardWriter  # the user's folders, with etn's manifest
+    from etn_cli.store.writing.writer import ShardWriter  # the user's folders, with etn's manifest
 
     for name, split in (("adapt", 0), ("test", 1)):
         f = make_features(split=split)
@@ -270,7 +270,7 @@ def test_two_ood_folders_with_one_last_segment_stay_apart_and_keyed(tmp_path) ->
 
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
-    from etn_cli.store import ShardWriter
+    from etn_cli.store.writing.writer import ShardWriter
 
     for name, split in (("adapt", 0), ("test", 1), ("x/svhn", 2), ("y/svhn", 3)):
         f = make_features(split=split)

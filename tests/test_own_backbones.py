@@ -131,7 +131,7 @@ def test_the_imagenet_pipeline_extracts_fakedata_on_a_cpu(tmp_path: Path) -> Non
     pipeline = REPO / "pipelines" / "imagenet_resnet50.toml"
     code, output = etn("extract", pipeline, "-d", tmp_path, "--device", "cpu", *sets)
     assert code == 0, output
-    from etn_cli.store import read_split
+    from etn_cli.store.reading.reader import read_split
 
     (split,) = [p for p in tmp_path.glob("features/*/fake.test-*") if p.is_dir()]
     features = read_split(split)

@@ -332,7 +332,8 @@ def test_etn_import_of_a_bad_file_writes_no_folder(tmp_path, capsys) -> None:  #
 
 
 def test_etn_import_writes_split_folders_and_the_classifier(tmp_path, capsys) -> None:  # noqa: ANN001
-    from etn_cli.store import load_classifier, read_split
+    from etn_cli.store.artefacts.classifier import load_classifier
+    from etn_cli.store.reading.reader import read_split
 
     feature_files(tmp_path, adapt={"weight": np.eye(3, 8, dtype=np.float32)})
     files = [tmp_path / "mine" / f"{name}.npz" for name in ("adapt", "test", "ood")]

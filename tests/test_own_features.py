@@ -100,7 +100,7 @@ def test_every_last_layer_head_runs_from_files_without_a_classifier(tmp_path: Pa
     fitted = [r["classifier"] for r in records if r["head"] in LAST_LAYER]
     assert len(fitted) == len(LAST_LAYER)
     assert all(c["kind"] == "fitted" and c["affine"] and c["unique"] for c in fitted)
-    from etn_cli.store import load_classifier
+    from etn_cli.store.artefacts.classifier import load_classifier
 
     (stored,) = tmp_path.glob("data/features/*-classifier-*/classifier.safetensors")
     np.testing.assert_allclose(load_classifier(stored)[0], weight, atol=1e-4)

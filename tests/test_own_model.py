@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from etn_cli.store import read_split
+from etn_cli.store.reading.reader import read_split
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

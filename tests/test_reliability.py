@@ -35,9 +35,10 @@ from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.status import render_status, status
 from etn_cli.stages.train import train
 from etn_cli.stages.verify import verify
-from etn_cli.store import ShardWriter, read_split
 from etn_cli.store.artefacts.headfiles import check_head_folder
 from etn_cli.store.atomic import is_locked, unit_lock
+from etn_cli.store.reading.reader import read_split
+from etn_cli.store.writing.writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = """

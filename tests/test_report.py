@@ -237,7 +237,9 @@ def _drawn_axes(monkeypatch, frame, tmp_path) -> list:  # noqa: ANN001
     from etn_cli.report.frontier import frontier_plot
 
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda figure, folder, stem: figures.append(figure) or [])
+    monkeypatch.setattr(
+        plots, "save_figure", lambda figure, folder, stem: figures.append(figure) or []
+    )
     frontier_plot(frame, tmp_path, "aupr")
     return [ax for ax in figures[0].axes if ax.get_visible()]
 
@@ -270,11 +272,11 @@ def test_heads_with_identical_reliability_bins_share_one_panel():
 
 
 def test_a_table_wider_than_the_terminal_is_cut_into_blocks_of_whole_eval_sets(metrics):
-    from etn_cli.report.render import _render_text
+    from etn_cli.report.render import render_text
 
     table = paper_table(summarize(metrics), "aupr")
-    assert max(map(len, _render_text(table, max_width=None).splitlines())) > 100
-    for width, text in ((100, render(table, "table")), (60, _render_text(table, max_width=60))):
+    assert max(map(len, render_text(table, max_width=None).splitlines())) > 100
+    for width, text in ((100, render(table, "table")), (60, render_text(table, max_width=60))):
         lines = text.splitlines()
         blocks = sum(line.startswith("Method ") for line in lines)
         assert max(map(len, lines)) <= width and blocks >= 2  # Method repeated per block

@@ -16,18 +16,11 @@ import torch
 from cli_runner import checksums
 
 from etn_cli.errors import EtnError
-from etn_cli.store import (
-    ShardWriter,
-    atomic_dir,
-    atomic_write_text,
-    canonical_json,
-    fingerprint_key,
-    load_classifier,
-    read_split,
-    save_classifier,
-    unit_lock,
-    write_manifest,
-)
+from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
+from etn_cli.store.atomic import atomic_dir, atomic_write_text, unit_lock
+from etn_cli.store.fingerprint import canonical_json, fingerprint_key
+from etn_cli.store.reading.reader import read_split, write_manifest
+from etn_cli.store.writing.writer import ShardWriter
 
 FINGERPRINT = {"model": "vgg16", "dataset": "cifar10", "split": "test", "dtype": "float32"}
 

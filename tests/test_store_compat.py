@@ -29,18 +29,13 @@ from fixtures.make_store_687f761 import (
 from etn_cli.heads import Head
 from etn_cli.stages.report import report_files
 from etn_cli.stages.verify import verify
-from etn_cli.store import (
-    Layout,
-    PieceWriter,
-    ShardWriter,
-    check_head_folder,
-    fingerprint_key,
-    load_classifier,
-    merge_pieces,
-    pieces_folder,
-    read_split,
-    reusable,
-)
+from etn_cli.store.artefacts.classifier import load_classifier
+from etn_cli.store.artefacts.headfiles import check_head_folder
+from etn_cli.store.fingerprint import fingerprint_key
+from etn_cli.store.reading.reader import read_split
+from etn_cli.store.writing.merge import merge_pieces
+from etn_cli.store.writing.pieces import Layout, PieceWriter, pieces_folder, reusable
+from etn_cli.store.writing.writer import ShardWriter
 
 ARCHIVE = Path(__file__).parent / "fixtures" / "store-687f761.tar.gz"
 

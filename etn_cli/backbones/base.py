@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from etn_cli.backbones import backbones as backbones  # the registry, for the modules that register
 from etn_cli.datasets.base import Split
-from etn_cli.registry import Registry
 
 
 class Backbone:
@@ -116,9 +116,6 @@ class Backbone:
         """The final classifier layer: ``weight`` (C, D) and ``bias`` (C,), so that
         ``logits == hidden @ weight.T + bias``. Last-layer baselines start from it."""
         raise NotImplementedError
-
-
-backbones: Registry[type[Backbone]] = Registry("backbone")
 
 
 @contextmanager

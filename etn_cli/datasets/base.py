@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 import numpy as np
 from torch.utils.data import Dataset as TorchDataset
 
+from etn_cli.datasets import datasets as datasets  # the registry, for the modules that register
 from etn_cli.errors import EtnError
-from etn_cli.registry import Registry
 
 
 @dataclass
@@ -131,9 +131,6 @@ class DatasetSource:
     def split_fingerprint(self, split: str) -> dict[str, Any]:
         """The split's fingerprint without its data; override when loading is expensive."""
         return self.load_split(split).fingerprint
-
-
-datasets: Registry[type[DatasetSource]] = Registry("dataset")
 
 
 class PathSplits:

@@ -31,45 +31,20 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.edl import dirichlet_kl_to_target, evidence, inverse_softplus
-from etn_cli.heads.lastlayer import check_setting, require_positive
+from etn_cli.heads.settings import AdaTSConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
 
 MIN_SCALE = 1e-3  # the reference clamps scales and temperatures here
 EPS = 1e-4  # keeps b > 0
 PREDICT_ROWS = 8192
-
-
-@dataclass(frozen=True)
-class AdaTSConfig(HeadConfig):
-    latent_dim: int = 16
-    widths: tuple[int, ...] = (1024, 512, 512)  # encoder; the decoder mirrors it
-    temperature_widths: tuple[int, ...] = (128, 128)
-    kl_weight: float = 1.0
-    nu: float = 1e4
-    epochs: int = 50
-    batch_size: int = 1024
-    lr: float = 1e-3
-    b_init: float = 1.0
-    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
-
-    def __post_init__(self) -> None:
-        for name in ("widths", "temperature_widths"):
-            widths = getattr(self, name)
-            ok = all(w > 0 for w in widths) and (len(widths) > 0 or name != "widths")
-            check_setting("adats", name, list(widths), ok, "a list of positive layer widths")
-        require_positive("adats", latent_dim=self.latent_dim, batch_size=self.batch_size)
-        require_positive("adats", lr=self.lr, b_init=self.b_init)
-        check_setting("adats", "nu", self.nu, self.nu > 1, "> 1")
 
 
 def elu_mlp(n_in: int, widths: tuple[int, ...], n_out: int | None) -> nn.Sequential:

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -17,21 +17,12 @@ from safetensors.torch import load_file, save
 
 from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError
+from etn_cli.heads import heads as heads  # the registry, for the modules that register
 from etn_cli.heads.calibration import apply_temperature, fit_temperature
-from etn_cli.registry import Registry
+from etn_cli.heads.settings import HeadConfig
 from etn_cli.store.artefacts.headfiles import seal_head_files
 
 HEAD_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """Settings every head has. ``seed`` fixes initialisation, data order and MC draws;
-    ``calibrate = "temperature"`` fits a temperature to the head's probabilities on the
-    adaptation NLL after its own fit (:mod:`etn_cli.heads.calibration`)."""
-
-    seed: int = 0
-    calibrate: Literal["none", "temperature"] = "none"
 
 
 @dataclass
@@ -343,9 +334,6 @@ class Head:
 
     def _load_state(self, tensors: dict[str, torch.Tensor]) -> None:
         return None
-
-
-heads: Registry[type[Head]] = Registry("head")
 
 
 def to_tensor(x: Any, dtype: torch.dtype) -> torch.Tensor:

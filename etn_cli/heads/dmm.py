@@ -18,33 +18,19 @@ from __future__ import annotations
 import copy
 import json
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.odin import ODIN_LAYER
+from etn_cli.heads.settings import DMMConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
 
 HIDDEN = "hidden"  # the input name of the last hidden state
 LOG_ALPHA_MAX = 30.0  # alpha in [1e-13, 1e13]: finite digamma and lgamma in float32
-
-
-@dataclass(frozen=True)
-class DMMConfig(HeadConfig):
-    width: int = 256  # hidden units of each layer's module (the reference's last module)
-    kl_weight: float = 1e-3  # the reference's lambda_KL
-    prior: float = 1.0
-    include_hidden: bool = True
-    epochs: int = 20  # the reference's
-    batch_size: int = 128  # the reference's
-    lr: float = 1e-3
-    weight_decay: float = 5e-4  # the reference's
-    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
 
 
 class MetaModel(nn.Module):

@@ -27,50 +27,16 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
+from etn_cli.heads.settings import DUQConfig
 from etn_cli.heads.steps import Steps
 from etn_cli.heads.training import EVAL_ROWS, Training, progress
-
-
-@dataclass(frozen=True)
-class DUQConfig(HeadConfig):
-    """The reference's CIFAR-10 defaults (train_duq_cifar.py), except the schedule: 30 epochs
-    with the learning rate times 0.2 at epochs 10 and 20 (its FashionMNIST script) instead of
-    75 epochs, since only the head is trained."""
-
-    centroid_size: int = 512  # E
-    length_scale: float = 0.1  # sigma
-    gamma: float = 0.999
-    gradient_penalty: float = 0.5  # lambda
-    epochs: int = 30
-    batch_size: int = 128
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_milestones: tuple[int, ...] = (10, 20)
-    lr_decay: float = 0.2
-    select: Literal["last", "loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
-
-    def __post_init__(self) -> None:
-        if self.centroid_size < 1 or self.length_scale <= 0 or not 0 < self.gamma < 1:
-            raise EtnError(
-                f"duq expects centroid_size >= 1, length_scale > 0 and 0 < gamma < 1, got "
-                f"{self.centroid_size}, {self.length_scale}, {self.gamma}. Fix the pipeline file."
-            )
-        milestones = list(self.lr_milestones)
-        if milestones != sorted(set(milestones)):  # each >= 1: config.RANGES
-            raise EtnError(
-                f"duq expects lr_milestones as increasing epochs, got {milestones}. Fix the "
-                "pipeline file, e.g. lr_milestones = [10, 20]."
-            )
 
 
 class RBFHead(nn.Module):

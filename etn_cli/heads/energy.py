@@ -7,18 +7,12 @@ the paper's (and OpenOOD's ``ebo.yml``, pytorch-ood's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.scorers import softmax_terms
+from etn_cli.heads.settings import EnergyConfig
 from etn_cli.metrics.scores import probability_scores
-
-
-@dataclass(frozen=True)
-class EnergyConfig(HeadConfig):
-    temperature: float = 1.0
 
 
 @heads.register("energy")

@@ -12,36 +12,16 @@ MP is ``max_i p_i``; MI comes from the members' softmaxes as samples (``sample_s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.lastlayer import classifier_tensors
+from etn_cli.heads.settings import EnsembleConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import probability_scores, sample_scores
-
-
-@dataclass(frozen=True)
-class EnsembleConfig(HeadConfig):
-    members: int = 3  # the paper's ensemble size
-    epochs: int = 20
-    batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
-
-    def __post_init__(self) -> None:
-        if self.members < 2:
-            raise EtnError(
-                f"ensemble expects members >= 2, got {self.members}. An ensemble of one is the "
-                "fine-tuned last layer; use map_edl or map instead."
-            )
 
 
 def member_seed(seed: int, member: int) -> int:

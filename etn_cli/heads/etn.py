@@ -23,8 +23,6 @@ Gaussian prior with the Gamma prior's mode and variance, and ODIR on ``mu``
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -32,8 +30,7 @@ from scipy.special import gammaincinv
 from torch import nn
 from torch.nn import functional as F
 
-from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.edl import (
     evidence,
     expected_dirichlet_log_density,
@@ -53,48 +50,12 @@ from etn_cli.heads.matrix import (
     transform_logits,
 )
 from etn_cli.heads.scalar_density import scalar_log_density, use_fused
+from etn_cli.heads.settings import ETNConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.heads.vector_density import vector_gamma_log_density
 from etn_cli.metrics.scores import dirichlet_scores
 
 EPS = 1e-4
-
-
-MAX_INNER_WEIGHTS = 2**28  # 1 GiB of float32 per module
-
-
-@dataclass(frozen=True)
-class ETNConfig(HeadConfig):
-    """Defaults are the paper's CIFAR-10 / VGG16 settings (Table "Training and hyperparameter
-    settings"); the pipeline file overrides them per setting."""
-
-    variant: Literal["scalar", "vector", "matrix"] = "scalar"
-    prior_mode: float = 10.0
-    prior_variance: float = 5.0
-    mc_samples: int = 20
-    kl_weight: float = 1.0  # lambda
-    nu: float = 1e4
-    width: int = 256
-    depth: int = 2  # linear layers per module: 2 for vision, 3 for LLMs
-    epochs: int = 50
-    batch_size: int = 1024
-    lr: float = 1e-3
-    schedule: Literal["constant", "cosine"] = "constant"
-    warmup_fraction: float = 0.0
-    standardize: bool = False  # z-score h with adaptation-set statistics (not in the paper)
-    b_init: float = 1.0
-    odir_weight: float = 1.0  # matrix variant: weight of ODIR on mu (Kull et al. 2019)
-    memory_limit_gib: float | None = None  # matrix variant: refuse above this (default: free RAM)
-    select: Literal["loss", "accuracy"] = "loss"  # the paper's rule for ETN (Supp.)
-
-    def __post_init__(self) -> None:
-        inner = self.width**2 * max(self.depth - 1, 0)  # hidden-to-hidden weights per module
-        if inner > MAX_INNER_WEIGHTS:
-            raise EtnError(
-                f"etn expects width**2 * (depth - 1) <= {MAX_INNER_WEIGHTS:,} weights per module "
-                f"(4 bytes each, and Adam keeps three copies), got width = {self.width}, depth = "
-                f"{self.depth}: {inner:,}. The paper uses width 256 with depth 2 or 512 with 3."
-            )
 
 
 class GammaNet(nn.Module):

@@ -36,44 +36,22 @@ weight decay (1e-3), gradient clipping and cosine schedule are not used.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.edl import evidence, inverse_softplus
-from etn_cli.heads.lastlayer import check_setting, classifier_tensors, require_positive
+from etn_cli.heads.lastlayer import classifier_tensors
 from etn_cli.heads.scalar_density import use_fused
+from etn_cli.heads.settings import SIGMA_FLOOR, IBEDLConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.heads.vector_density import compiled_once
 from etn_cli.metrics.scores import dirichlet_scores
 
 EPS = 1e-4  # keeps b > 0
-SIGMA_FLOOR = 1e-6  # keeps log(sigma) finite where softplus underflows in float32
 PREDICT_ROWS = 4096
-
-
-@dataclass(frozen=True)
-class IBEDLConfig(HeadConfig):
-    beta: float = 1e-5
-    mc_samples: int = 20
-    sigma_init: float = 1.0
-    epochs: int = 50
-    batch_size: int = 1024
-    lr: float = 1e-3
-    b_init: float = 1.0
-    learn_b: bool = True
-    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
-
-    def __post_init__(self) -> None:
-        require_positive("ib_edl", mc_samples=self.mc_samples)
-        ok = self.sigma_init > SIGMA_FLOOR
-        check_setting("ib_edl", "sigma_init", self.sigma_init, ok, f"> {SIGMA_FLOOR}")
-        require_positive("ib_edl", batch_size=self.batch_size, lr=self.lr, b_init=self.b_init)
-        check_setting("ib_edl", "beta", self.beta, self.beta >= 0, ">= 0")
 
 
 class MeanStdLinear(nn.Module):

@@ -42,8 +42,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,9 +50,10 @@ from torch.nn.utils import vector_to_parameters
 from torch.utils.data import DataLoader, TensorDataset
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.laplace_closed_form import ClosedFormLaplace
-from etn_cli.heads.lastlayer import check_setting, linear_from_classifier, require_positive
+from etn_cli.heads.lastlayer import linear_from_classifier
+from etn_cli.heads.settings import LaplaceConfig
 from etn_cli.metrics.scores import sample_scores
 
 FIT_BATCH = 512  # rows per curvature batch in la.fit
@@ -61,22 +61,6 @@ MEMORY_BUDGET = 2**28  # bytes of per-row Jacobians in one GLM predictive chunk
 MAX_ROW_BYTES = 2**32  # a single row needing more than this is refused
 LAYER = "classifier"
 FLOAT64_WEIGHTS = 10**6  # up to C x D this many, sampled logits are computed in float64
-
-
-@dataclass(frozen=True)
-class LaplaceConfig(HeadConfig):
-    hessian_structure: Literal["kron", "diag"] = "kron"
-    pred_type: Literal["nn", "glm"] = "nn"  # the same predictive for a linear last layer
-    mc_samples: int = 20
-    prior_steps: int = 100  # Adam steps on the log marginal likelihood (library default)
-    prior_lr: float = 0.1
-    backend: Literal["closed_form", "laplace_torch"] = "closed_form"
-
-    def __post_init__(self) -> None:
-        require_positive("laplace", mc_samples=self.mc_samples, prior_lr=self.prior_lr)
-        check_setting("laplace", "prior_steps", self.prior_steps, self.prior_steps >= 0, ">= 0")
-        ok = self.pred_type == "nn" or self.backend == "laplace_torch"
-        check_setting("laplace", "backend", self.backend, ok, '"laplace_torch" for pred_type glm')
 
 
 def import_laplace() -> Any:

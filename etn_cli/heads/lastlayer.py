@@ -11,20 +11,6 @@ from etn_cli.errors import EtnError
 from etn_cli.heads.base import to_tensor
 
 
-def check_setting(head: str, name: str, value: object, ok: bool, expected: str) -> None:
-    """Refuse a setting outside its range with an EtnError naming it."""
-    if not ok:
-        raise EtnError(
-            f"Head {head!r}: expected {name} {expected}, got {value!r}. Fix the value in the "
-            "pipeline's [[heads]] table."
-        )
-
-
-def require_positive(head: str, **values: float) -> None:
-    for name, value in values.items():
-        check_setting(head, name, value, value > 0, "> 0")
-
-
 def classifier_tensors(
     classifier: dict[str, Any], n_features: int, n_classes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +20,7 @@ def classifier_tensors(
     if missing:
         raise EtnError(
             f"The classifier must hold 'weight' and 'bias', missing {sorted(missing)}. "
-            "Save it with etn_cli.store.save_classifier."
+            "Save it with etn_cli.store.artefacts.classifier.save_classifier."
         )
     weight = to_tensor(classifier["weight"], torch.float32)
     bias = to_tensor(classifier["bias"], torch.float32)

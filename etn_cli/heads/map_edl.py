@@ -17,37 +17,18 @@ adaptation loss (the paper keeps the most accurate one for baselines).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.edl import dirichlet_kl_to_target, evidence, inverse_softplus
-from etn_cli.heads.lastlayer import check_setting, linear_from_classifier, require_positive
+from etn_cli.heads.lastlayer import linear_from_classifier
+from etn_cli.heads.settings import MapEDLConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
 
 EPS = 1e-4  # keeps alpha > 0 when softplus underflows in float32
-
-
-@dataclass(frozen=True)
-class MapEDLConfig(HeadConfig):
-    """Defaults: the paper's uncertainty-adaptation settings for VGG16 / CIFAR-10."""
-
-    nu: float = 1e4
-    epochs: int = 50
-    batch_size: int = 1024
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    b_init: float = 1.0
-    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
-
-    def __post_init__(self) -> None:
-        require_positive("map_edl", batch_size=self.batch_size, lr=self.lr, b_init=self.b_init)
-        check_setting("map_edl", "nu", self.nu, self.nu > 1, "> 1")
 
 
 class EvidentialLinear(nn.Module):

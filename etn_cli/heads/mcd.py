@@ -17,32 +17,18 @@ moved by 0.5 point between the two.)
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.lastlayer import classifier_tensors
+from etn_cli.heads.settings import MCDropoutConfig
 from etn_cli.metrics.scores import sample_scores
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment
 MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 CHUNK_ELEMENTS = 2**21  # rows per chunk are chosen so that S * rows * D stays below this
-
-
-@dataclass(frozen=True)
-class MCDropoutConfig(HeadConfig):
-    p: float = 0.5  # OpenOOD's DropoutNet; the paper used its VGG16's own rate, 0.2
-    passes: int = 20  # the paper's number of forward passes
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.p < 1.0 or self.passes < 1:
-            raise EtnError(
-                f"mcd expects 0 <= p < 1 and passes >= 1, got p = {self.p}, passes = "
-                f"{self.passes}. Fix them in the pipeline's [[heads]] table."
-            )
 
 
 def seed_key(seed: int) -> np.ndarray:

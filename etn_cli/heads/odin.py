@@ -14,26 +14,14 @@ but calibration metrics of this head (ECE, NLL, Brier) describe the softened dis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
+from etn_cli.heads.settings import ODINConfig
 from etn_cli.metrics.scores import probability_scores
 
 ODIN_LAYER = "odin"
-
-
-@dataclass(frozen=True)
-class ODINConfig(HeadConfig):
-    temperature: float = 1000.0  # used by the fallback only; extract applies its own T
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise EtnError(
-                f"odin expects temperature > 0, got {self.temperature}. Fix the pipeline file."
-            )
 
 
 @heads.register("odin")

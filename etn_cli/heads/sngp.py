@@ -24,8 +24,6 @@ and the prediction is the mean-field approximation of the posterior-mean softmax
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -33,31 +31,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
+from etn_cli.heads.settings import SNGPConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import probability_scores
 
 MAX_COVARIANCE_BYTES = 2**31  # per-class covariances beyond 2 GiB must use "shared"
-
-
-@dataclass(frozen=True)
-class SNGPConfig(HeadConfig):
-    random_features: int = 1024  # M, the paper's and reference's default
-    length_scale: float = 1.0  # in units of the median pairwise distance of adaptation features
-    ridge: float = 1.0  # prior precision of beta; the reference's gp_cov_ridge_penalty
-    mean_field_factor: float = math.pi / 8  # lambda
-    covariance: Literal["per_class", "shared"] = "per_class"
-    epochs: int = 100
-    batch_size: int = 128
-    lr: float = 1e-2
-    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
-
-    def __post_init__(self) -> None:
-        if self.random_features < 1 or self.length_scale <= 0 or self.ridge <= 0:
-            raise EtnError(
-                f"sngp expects random_features >= 1, length_scale > 0 and ridge > 0, got "
-                f"{self.random_features}, {self.length_scale}, {self.ridge}. Fix the pipeline file."
-            )
 
 
 def median_distance(x: torch.Tensor, seed: int, max_rows: int = 1000) -> float:

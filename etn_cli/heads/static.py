@@ -18,34 +18,18 @@ over the adaptation set at ``b = b_init``, found by a 1-D search over ``log a``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from etn_cli.heads.base import Head, HeadConfig, Prediction, heads
+from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.edl import dirichlet_kl_to_target, evidence, inverse_softplus
 from etn_cli.heads.matrix import apply_softplus_diagonal, odir_penalty
+from etn_cli.heads.settings import StaticConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
-
-
-@dataclass(frozen=True)
-class StaticConfig(HeadConfig):
-    variant: Literal["scalar", "vector", "matrix"] = "scalar"
-    nu: float = 1e4
-    epochs: int = 50
-    batch_size: int = 1024
-    lr: float = 1e-2
-    a_init: float = 1.0
-    b_init: float = 1.0
-    odir_weight: float = 1.0  # matrix variant only
-    init: Literal["search", "fixed"] = "search"  # the 1-D loss optimum of the scale, or a_init
-    select: Literal["loss", "accuracy"] = "accuracy"  # the paper's rule for baselines
-
 
 LOG_SCALE_GRID = np.arange(-6.0, 17.0)  # log a from 0.0025 to 2.4e7, one point per e
 SEARCH_ROWS = 2048  # the start is searched on at most this many evenly spaced rows

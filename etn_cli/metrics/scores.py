@@ -21,7 +21,14 @@ HIGHER_MEANS_ID: dict[str, bool] = {
     "md": True,  # Mahalanobis score, reported as the negative distance
     "energy": True,  # logsumexp of the logits
     "kernel": True,  # DUQ's largest RBF kernel value max_c K_c
-}  # the post-hoc scorers (etn_cli/heads/scorers) add their own scores with register_score
+    # the post-hoc scorers' own scores (etn_cli/heads/scorers), named here so that a report
+    # reads them without importing the scorers; each scorer declares its own with
+    # register_score, which refuses a direction that differs from this one
+    **dict.fromkeys(("react", "vra", "ash", "scale", "fdbd", "she", "gradnorm", "ddu"), True),
+    **dict.fromkeys(("dice", "mahalanobis_pp", "rmds", "klm", "knn", "nnguide", "mls"), True),
+    "entropy": False,  # the softmax entropy: higher means more OOD
+    **dict.fromkeys(("gen", "vim", "residual"), True),
+}
 
 
 def register_score(name: str, higher_means_id: bool) -> None:

@@ -28,7 +28,9 @@ import numpy as np
 
 from etn_cli.errors import EtnError
 from etn_cli.own_features.files import read_classifier_file
-from etn_cli.store import load_classifier, read_split, save_classifier, unit_lock
+from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
+from etn_cli.store.atomic import unit_lock
+from etn_cli.store.reading.reader import read_split
 
 AFFINE_TOLERANCE = 1e-3  # relative residual below which the fit is the backbone's own layer
 

@@ -19,15 +19,12 @@ from etn_cli.errors import EtnError
 from etn_cli.own_features.files import FeatureFile, read_classifier_file, read_feature_file
 from etn_cli.own_features.units import import_fingerprint
 from etn_cli.provenance import provenance
-from etn_cli.store import (
-    ShardWriter,
-    fingerprint_key,
-    load_manifest,
-    remove_partials,
-    save_classifier,
-    unit_lock,
-)
+from etn_cli.store.artefacts.classifier import save_classifier
+from etn_cli.store.atomic import remove_partials, unit_lock
+from etn_cli.store.fingerprint import fingerprint_key
 from etn_cli.store.reading.reader import split_damage
+from etn_cli.store.writing.manifest import load_manifest
+from etn_cli.store.writing.writer import ShardWriter
 
 SHARD_ROWS = 65536
 LABELLED_ROLES = ("adapt", "test")

@@ -32,7 +32,7 @@ from typing import Any
 from etn_cli.errors import EtnError
 from etn_cli.own_features.files import SUFFIXES, is_feature_file
 from etn_cli.own_features.folders import OWN_RECORD, own_folder_key
-from etn_cli.store import file_sha256, fingerprint_key
+from etn_cli.store.fingerprint import file_sha256, fingerprint_key
 
 CLASSIFIER = "classifier.safetensors"
 

@@ -59,7 +59,7 @@ class Result:
 def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
     """Draw ``frontier-<metric>`` from the metrics ``df`` into ``folder`` (see the module
     docstring); returns the written paths, none when the metrics hold no OOD results."""
-    from etn_cli.report.plots import _save
+    from etn_cli.report.plots import save_figure
 
     summary = summarize(df)
     results, ood_set = distinct_results(df, summary, metric)
@@ -110,7 +110,7 @@ def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[
     fig.subplots_adjust(
         left=left, right=0.84, bottom=0.2, top=0.9, wspace=0.08 if same_accuracy else 0.2
     )
-    return _save(fig, folder, f"frontier-{metric}")
+    return save_figure(fig, folder, f"frontier-{metric}")
 
 
 def distinct_results(

@@ -1,39 +1,31 @@
 """``etn ls``: what etn has registered, as aligned text a person reads and greps.
 
-Heads come with their family and what they need beyond the cached features (the backbone's
-classifier, intermediate layers, ID statistics of the ``fit`` split); pipelines are the
-``*.toml`` files of a folder.
+The command gathers the entries (:mod:`etn_cli.cli_inspect`, which knows the registries);
+this module only lays them out. Heads come with their family and what they need beyond the
+cached features (the backbone's classifier, intermediate layers, ID statistics of the ``fit``
+split); pipelines are the ``*.toml`` files of a folder.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
-def listing(what: str, folder: Path) -> str:
-    if what == "pipelines":
-        if not folder.is_dir():
-            from etn_cli.cli_options import UsageError
+@dataclass(frozen=True)
+class HeadEntry:
+    """One line of ``etn ls heads``: a registered head, and the other names it goes by
+    (OpenOOD's and pytorch-ood's, e.g. ``msp`` for ``map``)."""
 
-            raise UsageError(
-                f"Expected a folder of pipeline files at {folder}, found none. Pass --folder "
-                "with the folder that holds your *.toml files (the shipped ones are in the "
-                "repository's pipelines/)."
-            )
-        return "\n".join(str(p) for p in sorted(folder.glob("*.toml")))
-    if what == "heads":
-        return _heads()
-    if what == "backbones":
-        from etn_cli.backbones import backbones
-
-        return "\n".join(backbones.names())
-    from etn_cli.datasets import datasets
-
-    return "\n".join(datasets.names())
+    name: str
+    family: str
+    label: str
+    needs: tuple[str, ...]
+    aliases: tuple[str, ...]
 
 
 def head_needs(cls: type) -> list[str]:
-    """What a head needs beyond hidden states and logits."""
+    """What a head class needs beyond hidden states and logits."""
     needs = [
         ("classifier", getattr(cls, "needs_classifier", False)),
         ("layers", getattr(cls, "needs_layers", False)),
@@ -42,19 +34,28 @@ def head_needs(cls: type) -> list[str]:
     return [name for name, needed in needs if needed]
 
 
-def _heads() -> str:
-    """One line per head: name, family, label, what it needs, and the other names it goes by
-    (OpenOOD's and pytorch-ood's, e.g. ``msp`` for ``map``)."""
-    from etn_cli.heads import heads
-
+def head_listing(entries: list[HeadEntry]) -> str:
+    """One line per head: name, family, label, what it needs, and the other names."""
     rows = [("name", "family", "label", "needs", "also")]
-    for name in heads.names():
-        cls = heads.get(name)
-        needs = ", ".join(head_needs(cls)) or "-"
-        also = ", ".join(heads.aliases_of(name)) or "-"
-        rows.append((name, getattr(cls, "family", "other"), cls.label, needs, also))
+    for e in entries:
+        rows.append(
+            (e.name, e.family, e.label, ", ".join(e.needs) or "-", ", ".join(e.aliases) or "-")
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join(
         "  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[4]]).rstrip()
         for r in rows
     )
+
+
+def pipeline_listing(folder: Path) -> str:
+    """The pipeline files of ``folder``, one path a line."""
+    if not folder.is_dir():
+        from etn_cli.errors import UsageError
+
+        raise UsageError(
+            f"Expected a folder of pipeline files at {folder}, found none. Pass --folder "
+            "with the folder that holds your *.toml files (the shipped ones are in the "
+            "repository's pipelines/)."
+        )
+    return "\n".join(str(p) for p in sorted(folder.glob("*.toml")))

@@ -42,7 +42,7 @@ def find_reference(summary: pl.DataFrame, name: str) -> tuple:
     with one label; otherwise a usage error listing the labels."""
     import difflib
 
-    from etn_cli.cli_options import UsageError
+    from etn_cli.errors import UsageError
 
     keys = summary.select(METHOD).unique(maintain_order=True).rows()
     by_label = {key[1].lower(): key for key in keys}

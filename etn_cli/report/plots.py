@@ -88,11 +88,11 @@ def sweep_plots(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Pa
                     continue
                 figure = _figure(summary, method, setting, rest, members, metric)
                 stem = _slug(f"sweep-{method}-{setting}" + (f"-{rest}" if rest else ""))
-                written += _save(figure, folder, stem)
+                written += save_figure(figure, folder, stem)
     return written
 
 
-def _save(figure, folder: Path, stem: str) -> list[Path]:  # noqa: ANN001
+def save_figure(figure, folder: Path, stem: str) -> list[Path]:  # noqa: ANN001
     """Write ``figure`` as ``<stem>.png`` and ``<stem>.pdf`` atomically, then close it."""
     paths = []
     for fmt in PLOT_FORMATS:

@@ -62,7 +62,7 @@ def pooled_bins(df: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, np.
 def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
     """Draw one reliability panel per distinct set of pooled bins into ``folder``; returns the
     paths (none when the metrics carry no bins, e.g. files written by an older etn)."""
-    from etn_cli.report.plots import _save
+    from etn_cli.report.plots import save_figure
 
     bins = pooled_bins(df)
     if not bins:
@@ -109,7 +109,7 @@ def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
         f"fewer than {SPARSE_BIN} predictions per seed)"
     )
     fig.suptitle(textwrap.fill(title, int(15 * width)), fontsize=10)
-    return _save(fig, folder, "reliability")
+    return save_figure(fig, folder, "reliability")
 
 
 def _legend_handles() -> list:

@@ -200,7 +200,7 @@ def _render_csv(table: pl.DataFrame) -> str:
     return table.select("Method", *fields, *family).write_csv()
 
 
-def _render_text(table: pl.DataFrame, max_width: int | None = MAX_WIDTH) -> str:
+def render_text(table: pl.DataFrame, max_width: int | None = MAX_WIDTH) -> str:
     """Aligned plain text for a terminal or a log, at most ``max_width`` characters wide: a
     table too wide is cut into blocks of whole column groups (an eval set's columns stay
     together), each repeating the Method column, one after the other."""
@@ -293,7 +293,7 @@ def render(table: pl.DataFrame, fmt: str) -> str:
     """Render a results table as ``table`` (terminal text), ``markdown``, ``csv`` or ``latex``
     (``md`` and ``tex`` are accepted too)."""
     renderers = {
-        "table": _render_text,
+        "table": render_text,
         "markdown": _render_md,
         "csv": _render_csv,
         "latex": _render_tex,

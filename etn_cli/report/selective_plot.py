@@ -58,7 +58,7 @@ def mean_curve(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
 def risk_coverage_plot(df: pl.DataFrame, predictions: dict[str, Path], folder: Path) -> list[Path]:
     """Draw ``risk-coverage`` from the metrics ``df`` and the predictions files by metrics key
     (``predictions``); returns the written paths (none without AURC values or files)."""
-    from etn_cli.report.plots import _save
+    from etn_cli.report.plots import save_figure
 
     summary = summarize(df)
     groups = curve_groups(summary)
@@ -103,4 +103,4 @@ def risk_coverage_plot(df: pl.DataFrame, predictions: dict[str, Path], folder: P
     fig.legend(loc="outside right upper", fontsize=8, frameon=False,
                title=f"lowest AURC by MP (of {len(groups)} curves)", title_fontsize=8)  # fmt: skip
     ax.set_title("Risk–coverage by max probability, mean over seeds (lower is better)")
-    return _save(fig, folder, "risk-coverage")
+    return save_figure(fig, folder, "risk-coverage")

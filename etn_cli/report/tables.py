@@ -290,7 +290,7 @@ def split_by_backbone(summary: pl.DataFrame) -> dict[tuple[str, str], pl.DataFra
     return {(str(key[0]), str(key[1])): part for key, part in parts.items()}
 
 
-def _column_specs(summary: pl.DataFrame, metric: str) -> list[tuple[str, pl.Expr, str]]:
+def column_specs(summary: pl.DataFrame, metric: str) -> list[tuple[str, pl.Expr, str]]:
     """(column name, row filter, metric) for every column of the paper table, in order."""
     specs = []
     for id_dataset in summary["id_dataset"].unique(maintain_order=True).to_list():
@@ -377,4 +377,4 @@ def paper_table(summary: pl.DataFrame, metric: str = "aupr") -> pl.DataFrame:
             f"Expected one (pipeline, backbone) per table, found {settings}. "
             "Split the summary with split_by_backbone() and build one table each."
         )
-    return build_table(summary, _column_specs(summary, metric))
+    return build_table(summary, column_specs(summary, metric))

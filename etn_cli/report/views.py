@@ -19,34 +19,25 @@ from __future__ import annotations
 
 import polars as pl
 
+from etn_cli.report.metric_names import (
+    CALIBRATION,
+    CONFORMAL,
+    RANKING,
+    SELECTIVE,
+)
 from etn_cli.report.tables import (
     METHOD,
     PERCENT_METRICS,
     RUNTIME,
     STANDARD_SCORES,
-    _column_specs,
     build_table,
+    column_specs,
     paper_table,
 )
 
-RANKING = ("aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id")
-CALIBRATION = ("acc", "ece", "nll", "brier")
-SELECTIVE = ("aurc", "eaurc", "risk80", "risk90", "risk95")
-CONFORMAL = ("coverage", "set_size")
-METRICS = (*RANKING, *CALIBRATION, *SELECTIVE, *CONFORMAL, "runtime")
 SELECTIVE_NAMES = {"aurc": "AURC", "eaurc": "E-AURC", "risk80": "Risk@80",
                    "risk90": "Risk@90", "risk95": "Risk@95"}  # fmt: skip
 MAX_WIDTH = 100
-
-
-def check_metric(metric: str | None) -> str | None:
-    """``None`` (the summary) or a metric name the evaluation writes; else a usage error."""
-    if metric is None:
-        return None
-    from etn_cli.cli_options import choose
-
-    aliases = {"runtime_ms": "runtime", "fpr": "fpr95", "e-aurc": "eaurc", "e_aurc": "eaurc"}
-    return choose(metric.lower(), METRICS, "metric", aliases)
 
 
 def own_scores(summary: pl.DataFrame) -> dict[tuple, str]:
@@ -121,9 +112,9 @@ def summary_view(summary: pl.DataFrame, max_width: int = MAX_WIDTH) -> pl.DataFr
 
 def _text_width(table: pl.DataFrame) -> int:
     """The widest line of ``table`` rendered for a terminal in one block."""
-    from etn_cli.report.render import _render_text
+    from etn_cli.report.render import render_text
 
-    return max(len(line) for line in _render_text(table, max_width=None).splitlines())
+    return max(len(line) for line in render_text(table, max_width=None).splitlines())
 
 
 def _labels_with_scores(summary: pl.DataFrame, own: dict[tuple, str]) -> dict[tuple, str]:
@@ -147,7 +138,7 @@ def metric_view(summary: pl.DataFrame, metric: str) -> pl.DataFrame:
         # the Own column's score is named after the method, as in the summary: "KNN [knn]"
         own = {k: s for k, s in own_scores(summary).items() if s not in STANDARD_SCORES}
         labels = _labels_with_scores(summary, own)
-        return build_table(summary, _column_specs(summary, metric), labels)
+        return build_table(summary, column_specs(summary, metric), labels)
     id_dataset = summary["id_dataset"][0]
     is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
     if metric in SELECTIVE:

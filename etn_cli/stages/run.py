@@ -18,7 +18,7 @@ from etn_cli.backbones.base import read_only
 from etn_cli.datasets.class_check import check_planned_classes
 from etn_cli.distributed import rank_device, torchrun_world
 from etn_cli.errors import DamagedArtefact, EtnError
-from etn_cli.pipeline import load_pipeline
+from etn_cli.pipeline import expand_paths, load_pipeline
 from etn_cli.plan import FeatureUnit, Plan, make_plan
 from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
@@ -190,20 +190,6 @@ def is_derived(plan: Plan, path: Path) -> bool:
 def is_built(plan: Plan, unit: FeatureUnit) -> bool:
     """A feature unit etn writes: extracted by the backbone, or imported from the user's file."""
     return plan.backbone is not None or bool((unit.fingerprint or {}).get("file"))
-
-
-def expand_paths(paths: list[Path]) -> list[Path]:
-    """Pipeline files, with folders replaced by the ``*.toml`` files inside them (sorted)."""
-    expanded: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            found = sorted(path.glob("*.toml"))
-            if not found:
-                raise EtnError(f"Folder {path} holds no *.toml pipeline files.")
-            expanded += found
-        else:
-            expanded.append(path)
-    return expanded
 
 
 def run_many(

@@ -17,8 +17,6 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 CHUNK_BYTES = 1 << 20  # 1 MiB: large enough for full disk speed, small enough to stream
 
 
@@ -72,6 +70,8 @@ def _plain_other(obj: Any) -> Any:
         return str(Path(obj))
     if isinstance(obj, Enum):
         return _plain(obj.value)
+    import numpy as np  # here: a pipeline file is keyed without loading numpy
+
     if isinstance(obj, (np.generic, np.ndarray)):
         return _plain(obj.tolist())
     raise TypeError(f"cannot fingerprint a value of type {type(obj).__name__}: {obj!r}")

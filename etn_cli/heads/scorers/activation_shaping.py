@@ -24,13 +24,11 @@ the alias ``ash``); its SCALE uses 85, as the paper.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
-from etn_cli.heads.scorers.rectified import check_percent
+from etn_cli.heads.scorers.settings import ASHBConfig, ASHPConfig, ASHSConfig, SCALEConfig
 
 
 def kept_count(dim: int, percentile: float) -> int:
@@ -87,40 +85,29 @@ class Shaping(Scorer):
         return linear(self.shape_rows(h, self.config.percentile), self.weight_, self.bias_)
 
 
-def percentile_config(default: float, head: str) -> type[HeadConfig]:
-    @dataclass(frozen=True)
-    class ShapingConfig(HeadConfig):
-        percentile: float = default
-
-        def __post_init__(self) -> None:
-            check_percent("percentile", self.percentile, head)
-
-    return ShapingConfig
-
-
 @heads.register("ash_p")
 class ASHP(Shaping):
     name, label, score_name = "ash_p", "ASH-P", "ash"
-    Config = percentile_config(60.0, "ash_p")
+    Config = ASHPConfig
     shape_rows = staticmethod(ash_p)
 
 
 @heads.register("ash_b")
 class ASHB(Shaping):
     name, label, score_name = "ash_b", "ASH-B", "ash"
-    Config = percentile_config(65.0, "ash_b")
+    Config = ASHBConfig
     shape_rows = staticmethod(ash_b)
 
 
 @heads.register("ash_s")
 class ASHS(Shaping):
     name, label, score_name = "ash_s", "ASH-S", "ash"
-    Config = percentile_config(90.0, "ash_s")
+    Config = ASHSConfig
     shape_rows = staticmethod(ash_s)
 
 
 @heads.register("scale")
 class SCALE(Shaping):
     name, label, score_name = "scale", "SCALE", "scale"
-    Config = percentile_config(85.0, "scale")
+    Config = SCALEConfig
     shape_rows = staticmethod(scale)

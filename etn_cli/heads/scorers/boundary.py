@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.settings import GradNormConfig
 from etn_cli.heads.scorers.statistics import float64_blocks
 
 
@@ -70,15 +69,6 @@ class SHE(Scorer):
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return (h * self.patterns_[z.argmax(dim=1)]).double().sum(1)
-
-
-@dataclass(frozen=True)
-class GradNormConfig(HeadConfig):
-    temperature: float = 1.0  # the paper's T = 1
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise EtnError(f"gradnorm expects temperature > 0, got {self.temperature}.")
 
 
 @heads.register("gradnorm")

@@ -25,21 +25,16 @@ C = 1,000.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, per_class_rows
+from etn_cli.heads.scorers.settings import DDUConfig
 from etn_cli.heads.scorers.statistics import gram
 
 JITTERS = [0.0, torch.finfo(torch.float64).tiny] + [10.0**e for e in range(-308, 0)]
-
-
-@dataclass(frozen=True)
-class DDUConfig(HeadConfig):
-    memory_limit_gib: float = 4.0
 
 
 def smallest_jitter(covariances: torch.Tensor) -> tuple[float, torch.Tensor]:

@@ -11,22 +11,12 @@ the paper uses 70 on ImageNet (``pipelines/openood_imagenet.toml`` sets it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
-from etn_cli.heads.scorers.rectified import check_percent
-
-
-@dataclass(frozen=True)
-class DICEConfig(HeadConfig):
-    sparsity: float = 90.0  # p, in percent of the weights removed
-
-    def __post_init__(self) -> None:
-        check_percent("sparsity", self.sparsity, "dice")
+from etn_cli.heads.scorers.settings import DICEConfig
 
 
 @heads.register("dice")

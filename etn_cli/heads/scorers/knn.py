@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, energy
 from etn_cli.heads.scorers.neighbours import kth_squared_distance, normalise, top_inner_products
-
-
-@dataclass(frozen=True)
-class NeighboursConfig(HeadConfig):
-    k: int = 50
-
-    def __post_init__(self) -> None:
-        if self.k < 1:
-            raise EtnError(f"k must be an integer >= 1 (neighbours), got {self.k}.")
+from etn_cli.heads.scorers.settings import NeighboursConfig, NNGuideConfig
 
 
 def check_bank(rows: int, k: int, head: str) -> None:
@@ -52,11 +42,6 @@ class KNN(Scorer):
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return -kth_squared_distance(normalise(h), self.bank_, self.config.k)
-
-
-@dataclass(frozen=True)
-class NNGuideConfig(NeighboursConfig):
-    k: int = 10  # the authors' code (knn_k: 10) and pytorch-ood; OpenOOD's K is 100
 
 
 @heads.register("nnguide")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from etn_cli.errors import EtnError
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers import softmax_terms
 from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.settings import GENConfig
 
 
 @heads.register("max_logit")
@@ -41,19 +39,6 @@ class Entropy(Scorer):
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return softmax_terms.entropy(z)
-
-
-@dataclass(frozen=True)
-class GENConfig(HeadConfig):
-    gamma: float = 0.1  # the paper's default
-    top_m: int = 100  # classes kept; min(top_m, C)
-
-    def __post_init__(self) -> None:
-        if not 0 < self.gamma < 1 or self.top_m < 1:
-            raise EtnError(
-                f"gen expects 0 < gamma < 1 and top_m >= 1, got {self.gamma} and {self.top_m}. "
-                "The paper uses gamma = 0.1, top_m = 100."
-            )
 
 
 @heads.register("gen")

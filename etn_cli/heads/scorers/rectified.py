@@ -7,14 +7,13 @@ both papers and OpenOOD compute them), with numpy's linear interpolation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
+from etn_cli.heads.scorers.settings import ReActConfig, VRAConfig
 
 SAMPLE = 1 << 20  # values drawn to bracket each order statistic
 
@@ -68,19 +67,6 @@ def adjacent_order_statistics(values: torch.Tensor, r: int) -> tuple[float, floa
     return float(ordered[first]), float(ordered[last])
 
 
-def check_percent(name: str, value: float, head: str) -> None:
-    if not 0 <= value <= 100:
-        raise EtnError(f"{head} expects {name} in [0, 100] (a percentile), got {value}.")
-
-
-@dataclass(frozen=True)
-class ReActConfig(HeadConfig):
-    percentile: float = 90.0  # the paper's p = 90
-
-    def __post_init__(self) -> None:
-        check_percent("percentile", self.percentile, "react")
-
-
 @heads.register("react")
 class ReAct(Scorer):
     """ReAct (Sun et al., "ReAct: Out-of-distribution Detection With Rectified Activations",
@@ -104,24 +90,6 @@ class ReAct(Scorer):
 
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return linear(h.clamp(max=float(self.threshold_)), self.weight_, self.bias_)
-
-
-@dataclass(frozen=True)
-class VRAConfig(HeadConfig):
-    lower_percentile: float = 60.0  # alpha: the paper's CIFAR setting (q1 = 0.6)
-    upper_percentile: float = 90.0  # beta (q2 = 0.9)
-    lower: float | None = None  # absolute alpha instead (the paper's ImageNet ResNet-50: 0.5)
-    upper: float | None = None  # absolute beta (ImageNet ResNet-50: 1.0)
-    gamma: float = 0.0  # VRA+'s shift of the kept activations; 0 is plain VRA
-
-    def __post_init__(self) -> None:
-        check_percent("lower_percentile", self.lower_percentile, "vra")
-        check_percent("upper_percentile", self.upper_percentile, "vra")
-        if self.lower_percentile > self.upper_percentile:
-            raise EtnError(
-                f"vra expects lower_percentile <= upper_percentile, got "
-                f"{self.lower_percentile} > {self.upper_percentile}."
-            )
 
 
 @heads.register("vra")

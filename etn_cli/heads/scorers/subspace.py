@@ -16,13 +16,12 @@ lie closer together than float32 products of rows far from the origin resolve.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from etn_cli.errors import EtnError
-from etn_cli.heads.base import HeadConfig, heads
+from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, energy
+from etn_cli.heads.scorers.settings import SubspaceConfig
 from etn_cli.heads.scorers.statistics import (
     min_norm_solution,
     second_moment,
@@ -36,15 +35,6 @@ def principal_dim(dim: int, features: int) -> int:
     if dim:
         return dim
     return 1000 if features >= 1500 else 512 if features >= 768 else features // 2
-
-
-@dataclass(frozen=True)
-class SubspaceConfig(HeadConfig):
-    dim: int = 0  # d; 0 = the paper's rule
-
-    def __post_init__(self) -> None:
-        if self.dim < 0:
-            raise EtnError(f"dim must be >= 0 (0 = the paper's rule), got {self.dim}.")
 
 
 class Subspace(Scorer):

@@ -61,7 +61,7 @@ def load_classifier(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if set(tensors) != {"weight", "bias"}:
         raise EtnError(
             f"Classifier file {path} holds tensors {sorted(tensors)}; expected weight and bias. "
-            "Save it with etn_cli.store.save_classifier."
+            "Save it with etn_cli.store.artefacts.classifier.save_classifier."
         )
     weight = tensors["weight"].astype(np.float32, copy=False)  # (C, D)
     bias = tensors["bias"].astype(np.float32, copy=False)  # (C,)

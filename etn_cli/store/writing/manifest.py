@@ -98,7 +98,7 @@ def load_manifest(split_dir: Path) -> dict[str, Any]:
         raise DamagedArtefact(
             split_dir,
             f"Manifest {path} is not valid JSON ({why}). Delete the split folder and re-run "
-            "extract, or regenerate the manifest with etn_cli.store.write_manifest.",
+            "extract, or regenerate the manifest with etn_cli.store.reading.reader.write_manifest.",
         ) from None
     if isinstance(manifest, dict) and isinstance(manifest.get("format"), int):
         if manifest["format"] > FORMAT_VERSION:  # a newer etn's: ask for the upgrade first
@@ -140,7 +140,7 @@ def _check_top_level(manifest: Any, path: Path) -> None:
     if missing:
         raise EtnError(
             f"Manifest {path} lacks the fields {', '.join(missing)}. Regenerate it with "
-            "etn_cli.store.write_manifest or re-run extract."
+            "etn_cli.store.reading.reader.write_manifest or re-run extract."
         )
     if manifest["complete"] is not True:
         raise EtnError(
@@ -151,7 +151,7 @@ def _check_top_level(manifest: Any, path: Path) -> None:
         if not (isinstance(entry, dict) and {"file", "rows", "sha256"} <= entry.keys()):
             raise EtnError(
                 f"Manifest {path} has a shard entry {entry!r}; expected file, rows and sha256. "
-                "Regenerate it with etn_cli.store.write_manifest."
+                "Regenerate it with etn_cli.store.reading.reader.write_manifest."
             )
 
 

@@ -1,0 +1,72 @@
+"""The registries' tables of names (read without importing any head, backbone or dataset)
+agree with what the modules register: every name in a table is registered by the module it
+names, every registered name is in its table, and each head's settings are its ``Config``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+import pytest
+
+import etn_cli.backbones
+import etn_cli.datasets
+import etn_cli.heads
+from etn_cli.errors import EtnError
+from etn_cli.registry import Registry
+
+PACKAGES = (etn_cli.heads, etn_cli.backbones, etn_cli.datasets)
+
+
+def import_every_module(package: ModuleType) -> None:
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        importlib.import_module(info.name)
+
+
+@pytest.mark.parametrize("registry", [p.__name__ for p in PACKAGES])
+def test_every_module_registers_exactly_the_names_its_table_gives(registry: str) -> None:
+    """A decorator for a name the table lacks fails at import (``Registry.register``), so
+    importing every module and then getting every name checks both directions."""
+    package = importlib.import_module(registry)
+    import_every_module(package)
+    table: Registry = getattr(package, registry.rsplit(".", 1)[1])
+    for name in table.names():
+        found = table.get(name)
+        assert found.__module__ == table.modules[name], name
+
+
+def test_each_heads_settings_in_the_table_are_its_config() -> None:
+    from etn_cli.heads import heads, settings_of
+
+    for name in heads.names():
+        head = heads.get(name)
+        assert head.name == name
+        assert head.Config is settings_of(name), name
+
+
+def test_every_alias_finds_a_head_that_is_registered() -> None:
+    from etn_cli.heads import ALIASES, heads
+
+    for alias, name in ALIASES.items():
+        assert heads.get(alias) is heads.get(name)
+
+
+def test_a_name_missing_from_the_table_cannot_register() -> None:
+    registry: Registry = Registry("head", {"etn": __name__})
+
+    with pytest.raises(ValueError, match="table"):
+        registry.register("etm")(type("Misspelt", (), {"__module__": __name__}))
+    with pytest.raises(EtnError, match="Did you mean: etn"):
+        registry.canonical("etm")
+
+
+def test_the_scores_of_every_scorer_are_named_before_any_scorer_loads() -> None:
+    """A report reads a scorer's score direction without importing the scorer."""
+    from etn_cli.heads import heads
+    from etn_cli.metrics.scores import HIGHER_MEANS_ID
+
+    named = dict(HIGHER_MEANS_ID)
+    for name in heads.names():
+        heads.get(name)
+    assert HIGHER_MEANS_ID == named
