@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 import polars as pl
 import pytest
+from conftest import QuickStart
 
 REPO = Path(__file__).resolve().parents[1]
 ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
@@ -344,12 +345,26 @@ def test_every_format_parses(finished) -> None:  # noqa: ANN001
     assert results["etn_version"] and len(results["metrics_keys"]) == 4
 
 
+def in_process(*args: object) -> tuple[int, str]:
+    """``etn ARGS`` in this process: exit status and standard output. For the loops over many
+    report options, where the table is under test rather than the process (each start of
+    ``etn`` costs seconds); the tests above and below go through the entry point."""
+    from typer.testing import CliRunner
+
+    from etn_cli.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout
+
+
 def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # noqa: ANN001
     pipeline, data, _ = finished
     for metric in ("aupr", "auroc", "fpr95", "acc", "ece", "nll", "brier", "runtime"):
-        done = etn("report", pipeline, "-d", data, "--metric", metric)
-        assert done.returncode == 0 and "ETN" in done.stdout, (metric, done.stderr)
-    ece = etn("report", pipeline, "-d", data, "--metric", "ece").stdout
+        code, out = in_process("report", pipeline, "-d", data, "--metric", metric)
+        assert code == 0 and "ETN" in out, (metric, out)
+    ece = in_process("report", pipeline, "-d", data, "--metric", "ece")[1]
     assert "ECE" in ece and "NLL" in ece and "BRIER" in ece
 
 
@@ -358,14 +373,14 @@ def test_every_metric_table_fits_100_columns_and_explains_own(finished) -> None:
 
     pipeline, data, _ = finished
     for metric in METRICS:
-        done = etn("report", pipeline, "-d", data, "--metric", metric, "-f", "table")
-        lines = done.stdout.splitlines()
-        assert done.returncode == 0 and max(map(len, lines)) <= 100, (metric, done.stdout)
+        code, out = in_process("report", pipeline, "-d", data, "--metric", metric, "-f", "table")
+        lines = out.splitlines()
+        assert code == 0 and max(map(len, lines)) <= 100, (metric, out)
         if metric in RANKING:  # cut into blocks, each repeating the Method column
             assert sum(line.startswith("Method ") for line in lines) >= 2, metric
-            assert "Mahalanobis [md]" in done.stdout
+            assert "Mahalanobis [md]" in out
             own = "Own: the method's own OOD score, named in brackets after it"
-            assert own in done.stdout, metric
+            assert own in out, metric
     wide = etn("report", pipeline, "-d", data, "--metric", "auroc", "-f", "csv").stdout
     assert max(map(len, wide.splitlines())) > 100  # other formats keep one wide table
 
@@ -505,7 +520,7 @@ def test_a_stale_block_is_told_from_a_value_rounding_the_other_way() -> None:
     assert figures.rewrite(shown, fresh).count("88.4") == 1
 
 
-def test_the_quick_start_prints_the_table_the_readme_shows(tmp_path: Path) -> None:
+def test_the_quick_start_prints_the_table_the_readme_shows(quick_start: QuickStart) -> None:
     """The README's first screen is the real output, and so is every figure it quotes from the
     digits default: the Quick start's run, in a fresh data directory, renders each marked
     block (``benchmarks/readme_figures.py``) as the README shows it, up to one unit of the last
@@ -514,25 +529,32 @@ def test_the_quick_start_prints_the_table_the_readme_shows(tmp_path: Path) -> No
     prints the same table again."""
     figures = readme_figures()
     readme = (REPO / "README.md").read_text()
-    env = {"ETN_DATA_DIR": str(tmp_path / "data")}
-    first = etn("run", REPO / "pipelines" / "digits.toml", env=env)
-    assert first.returncode == 0, first.stderr[-2000:]
+    first = quick_start.done
     assert max(map(len, first.stdout.splitlines())) <= 100
-    run = figures.read_results(figures.Run(tmp_path / "data", first.stdout))
+    run = figures.read_results(figures.Run(quick_start.data, first.stdout))
     rendered = figures.blocks(run)
     stale = figures.stale_blocks(readme, rendered, last_digits=1)
     assert not stale, {name: rendered[name] for name in stale}
-    again = etn("run", REPO / "pipelines" / "digits.toml", env=env)
+    again = quick_start.etn("run", REPO / "pipelines" / "digits.toml")
     assert again.stdout == first.stdout and "0 built" in again.stderr
-    # the README's commands and snippets on the run's heads, as written (from the repository)
+
+
+def test_the_readmes_predict_command_and_python_run_on_the_quick_starts_heads(
+    quick_start: QuickStart,
+    tmp_path: Path,
+) -> None:
+    """The README's commands and snippets on the Quick start's heads, as written (from the
+    repository)."""
+    readme = (REPO / "README.md").read_text()
     out = tmp_path / "preds.parquet"
-    predict = etn("predict", REPO / "pipelines/digits.toml", "digits:test", "--head", "etn",
-                  "--out", out, env=env)  # fmt: skip
+    digits = REPO / "pipelines/digits.toml"
+    predict = quick_start.etn("predict", digits, "digits:test", "--head", "etn", "--out", out)
     assert predict.returncode == 0 and out.is_file(), predict.stderr
     python = [block[: block.index("```")] for block in readme.split("```python\n")[1:]]
     readme_python = [code for code in python if "pipelines/digits.toml" in code]
     assert len(readme_python) == 2  # load_head and EvidentialModel.from_pipeline
+    env = {**os.environ, **quick_start.env}
     for code in readme_python:
         done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                              text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+                              text=True, env=env, timeout=300)  # fmt: skip
         assert done.returncode == 0, (code, done.stderr[-2000:])

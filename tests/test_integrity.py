@@ -75,8 +75,8 @@ def sweep(clean, tmp_path: Path, flips: int, seed: int, kinds: tuple[str, ...] =
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_each_kind_damaged_at_its_signature_header_body_end_and_whole_is_repaired_or_refused(
-    clean,  # noqa: ANN001
-    tmp_path,  # noqa: ANN001
+    clean: tuple[Path, Path],
+    tmp_path: Path,
     kind: str,
 ) -> None:
     """CI's sweep, one test per kind: the signature byte, one seeded flip in the first 512
