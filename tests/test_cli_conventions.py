@@ -327,6 +327,20 @@ def test_the_default_table_fits_100_columns_and_shows_calibration(finished) -> N
     assert "±" not in single and "one seed" in single
 
 
+def in_process(*args: object) -> tuple[int, str]:
+    """``etn ARGS`` in this process: exit status and standard output. For the loops over many
+    formats and metrics, where the output is under test rather than the process (each start of
+    ``etn`` costs seconds); the other commands of these tests go through the entry point."""
+    from typer.testing import CliRunner
+
+    from etn_cli.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout
+
+
 def test_every_format_parses(finished) -> None:  # noqa: ANN001
     pipeline, data, _ = finished
     run = lambda *a: etn("report", pipeline, "-d", data, *a).stdout  # noqa: E731
@@ -339,24 +353,10 @@ def test_every_format_parses(finished) -> None:  # noqa: ANN001
     tex = run("-f", "latex", "--metric", "aupr")
     assert r"\toprule" in tex and r"\textbf{" in tex and r"\underline{" in tex
     for fmt in ("table", "markdown", "csv", "json", "latex"):
-        status = etn("status", pipeline, "-d", data, "-f", fmt)
-        assert status.returncode == 0 and "ETN seed 1" in status.stdout, fmt
+        code, status = in_process("status", pipeline, "-d", data, "-f", fmt)
+        assert code == 0 and "ETN seed 1" in status, fmt
     results = json.loads((data / "reports" / "conv" / "results.json").read_text())
     assert results["etn_version"] and len(results["metrics_keys"]) == 4
-
-
-def in_process(*args: object) -> tuple[int, str]:
-    """``etn ARGS`` in this process: exit status and standard output. For the loops over many
-    report options, where the table is under test rather than the process (each start of
-    ``etn`` costs seconds); the tests above and below go through the entry point."""
-    from typer.testing import CliRunner
-
-    from etn_cli.cli import app
-
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout
 
 
 def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # noqa: ANN001
