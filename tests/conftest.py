@@ -146,7 +146,8 @@ def pytest_collection_modifyitems(
     """Start the Quick start's run now if a selected test uses it, and run those tests last."""
     uses = [item for item in items if "quick_start" in getattr(item, "fixturenames", ())]
     items[:] = [item for item in items if item not in uses] + uses
-    if uses and not config.option.collectonly:
+    # (an xdist worker collects every test whichever it runs: there the fixture starts it)
+    if uses and not config.option.collectonly and not hasattr(config, "workerinput"):
         config.stash[QUICK_START] = Background()
 
 
