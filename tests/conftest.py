@@ -1,8 +1,15 @@
-"""Shared fakes for the tests: tiny, seeded synthetic backbone features."""
+"""Shared fakes for the tests: tiny, seeded synthetic backbone features; the README's Quick
+start, run once for the tests that only read its results."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,6 +74,101 @@ def make_features(
 def features_factory():
     """``make_features`` as a fixture, so test modules need not import this file."""
     return make_features
+
+
+REPO = Path(__file__).resolve().parents[1]
+ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
+
+
+@dataclass(frozen=True)
+class QuickStart:
+    """The README's Quick start as a person runs it: ``etn run pipelines/digits.toml`` through
+    the installed entry point, into a fresh data directory named by ``$ETN_DATA_DIR``."""
+
+    env: dict[str, str]  # the environment variables the run was given
+    done: subprocess.CompletedProcess
+
+    @property
+    def data(self) -> Path:
+        return Path(self.env["ETN_DATA_DIR"])
+
+    def etn(self, *args: object, timeout: float = 900) -> subprocess.CompletedProcess:
+        """``etn ARGS`` on this run's data directory, from the repository, as the README says."""
+        return subprocess.run(
+            [*ETN, *map(str, args)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **self.env, "COLUMNS": "200"},
+            timeout=timeout,  # a hang guard: the run took 260 s on a loaded 2-core machine
+        )
+
+
+class Background:
+    """The Quick start's run, started in a second process as soon as the tests are collected:
+    it is the longest piece of the suite, and this way it runs on the machine's other core
+    while the tests before it run on this one (the tests that use it are moved last)."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="etn-quick-start-"))
+        self.env = {"ETN_DATA_DIR": str(self.folder / "data")}
+        self.out = open(self.folder / "out", "w+")  # read back by wait, closed by close
+        self.err = open(self.folder / "err", "w+")
+        self.process = subprocess.Popen(
+            [*ETN, "run", str(REPO / "pipelines" / "digits.toml")],
+            cwd=REPO,
+            stdout=self.out,
+            stderr=self.err,
+            env={**os.environ, **self.env, "COLUMNS": "200"},
+        )
+
+    def wait(self) -> QuickStart:
+        code = self.process.wait(timeout=1800)  # a hang guard (260 s on a loaded machine)
+        self.out.seek(0)
+        self.err.seek(0)
+        args = [str(a) for a in self.process.args]
+        done = subprocess.CompletedProcess(args, code, self.out.read(), self.err.read())
+        return QuickStart(self.env, done)
+
+    def close(self) -> None:
+        if self.process.poll() is None:  # the session stopped early (-x, ^C)
+            self.process.kill()
+            self.process.wait()
+        self.out.close()
+        self.err.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they do
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Start the Quick start's run now if a selected test uses it, and run those tests last."""
+    uses = [item for item in items if "quick_start" in getattr(item, "fixturenames", ())]
+    items[:] = [item for item in items if item not in uses] + uses
+    # (an xdist worker collects every test whichever it runs: there the fixture starts it)
+    if uses and not config.option.collectonly and not hasattr(config, "workerinput"):
+        config.stash[QUICK_START] = Background()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if QUICK_START in config.stash:
+        config.stash[QUICK_START].close()
+
+
+QUICK_START = pytest.StashKey[Background]()
+
+
+@pytest.fixture(scope="session")
+def quick_start(request: pytest.FixtureRequest) -> QuickStart:
+    """The whole digits default (61 heads, 3 seeds), run once per session in the background:
+    shared by every test that only reads its results or reruns it (a rerun finds every unit
+    finished and builds nothing)."""
+    if QUICK_START not in request.config.stash:  # asked for by name, not seen at collection
+        request.config.stash[QUICK_START] = Background()
+    run = request.config.stash[QUICK_START].wait()
+    assert run.done.returncode == 0, run.done.stderr[-2000:]
+    return run
 
 
 @pytest.fixture

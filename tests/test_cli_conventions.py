@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 import polars as pl
 import pytest
+from conftest import QuickStart
 
 REPO = Path(__file__).resolve().parents[1]
 ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
@@ -326,6 +327,20 @@ def test_the_default_table_fits_100_columns_and_shows_calibration(finished) -> N
     assert "±" not in single and "one seed" in single
 
 
+def in_process(*args: object) -> tuple[int, str]:
+    """``etn ARGS`` in this process: exit status and standard output. For the loops over many
+    formats and metrics, where the output is under test rather than the process (each start of
+    ``etn`` costs seconds); the other commands of these tests go through the entry point."""
+    from typer.testing import CliRunner
+
+    from etn_cli.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout
+
+
 def test_every_format_parses(finished) -> None:  # noqa: ANN001
     pipeline, data, _ = finished
     run = lambda *a: etn("report", pipeline, "-d", data, *a).stdout  # noqa: E731
@@ -338,8 +353,8 @@ def test_every_format_parses(finished) -> None:  # noqa: ANN001
     tex = run("-f", "latex", "--metric", "aupr")
     assert r"\toprule" in tex and r"\textbf{" in tex and r"\underline{" in tex
     for fmt in ("table", "markdown", "csv", "json", "latex"):
-        status = etn("status", pipeline, "-d", data, "-f", fmt)
-        assert status.returncode == 0 and "ETN seed 1" in status.stdout, fmt
+        code, status = in_process("status", pipeline, "-d", data, "-f", fmt)
+        assert code == 0 and "ETN seed 1" in status, fmt
     results = json.loads((data / "reports" / "conv" / "results.json").read_text())
     assert results["etn_version"] and len(results["metrics_keys"]) == 4
 
@@ -347,9 +362,9 @@ def test_every_format_parses(finished) -> None:  # noqa: ANN001
 def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # noqa: ANN001
     pipeline, data, _ = finished
     for metric in ("aupr", "auroc", "fpr95", "acc", "ece", "nll", "brier", "runtime"):
-        done = etn("report", pipeline, "-d", data, "--metric", metric)
-        assert done.returncode == 0 and "ETN" in done.stdout, (metric, done.stderr)
-    ece = etn("report", pipeline, "-d", data, "--metric", "ece").stdout
+        code, out = in_process("report", pipeline, "-d", data, "--metric", metric)
+        assert code == 0 and "ETN" in out, (metric, out)
+    ece = in_process("report", pipeline, "-d", data, "--metric", "ece")[1]
     assert "ECE" in ece and "NLL" in ece and "BRIER" in ece
 
 
@@ -358,14 +373,14 @@ def test_every_metric_table_fits_100_columns_and_explains_own(finished) -> None:
 
     pipeline, data, _ = finished
     for metric in METRICS:
-        done = etn("report", pipeline, "-d", data, "--metric", metric, "-f", "table")
-        lines = done.stdout.splitlines()
-        assert done.returncode == 0 and max(map(len, lines)) <= 100, (metric, done.stdout)
+        code, out = in_process("report", pipeline, "-d", data, "--metric", metric, "-f", "table")
+        lines = out.splitlines()
+        assert code == 0 and max(map(len, lines)) <= 100, (metric, out)
         if metric in RANKING:  # cut into blocks, each repeating the Method column
             assert sum(line.startswith("Method ") for line in lines) >= 2, metric
-            assert "Mahalanobis [md]" in done.stdout
+            assert "Mahalanobis [md]" in out
             own = "Own: the method's own OOD score, named in brackets after it"
-            assert own in done.stdout, metric
+            assert own in out, metric
     wide = etn("report", pipeline, "-d", data, "--metric", "auroc", "-f", "csv").stdout
     assert max(map(len, wide.splitlines())) > 100  # other formats keep one wide table
 
@@ -505,7 +520,7 @@ def test_a_stale_block_is_told_from_a_value_rounding_the_other_way() -> None:
     assert figures.rewrite(shown, fresh).count("88.4") == 1
 
 
-def test_the_quick_start_prints_the_table_the_readme_shows(tmp_path: Path) -> None:
+def test_the_quick_start_prints_the_table_the_readme_shows(quick_start: QuickStart) -> None:
     """The README's first screen is the real output, and so is every figure the README and
     ``docs/`` quote from the digits default: the Quick start's run, in a fresh data directory,
     renders each marked block (``benchmarks/readme_figures.py``) as the documents show it, up
@@ -515,19 +530,23 @@ def test_the_quick_start_prints_the_table_the_readme_shows(tmp_path: Path) -> No
     documents' other commands and snippets.)"""
     figures = readme_figures()
     documents = figures.documents_text()
-    env = {"ETN_DATA_DIR": str(tmp_path / "data")}
-    first = etn("run", REPO / "pipelines" / "digits.toml", env=env)
-    assert first.returncode == 0, first.stderr[-2000:]
+    first = quick_start.done
     assert max(map(len, first.stdout.splitlines())) <= 100
-    run = figures.read_results(figures.Run(tmp_path / "data", first.stdout))
+    run = figures.read_results(figures.Run(quick_start.data, first.stdout))
     rendered = figures.blocks(run)
     assert set(rendered) <= set(figures.readme_blocks(documents))
     stale = figures.stale_blocks(documents, rendered, last_digits=1)
     assert not stale, {name: rendered[name] for name in stale}
-    again = etn("run", REPO / "pipelines" / "digits.toml", env=env)
+    again = quick_start.etn("run", REPO / "pipelines" / "digits.toml")
     assert again.stdout == first.stdout and "0 built" in again.stderr
-    # docs/api.md's command on the run's heads, as written (from the repository)
+
+
+def test_the_docs_predict_command_runs_on_the_quick_starts_heads(
+    quick_start: QuickStart,
+    tmp_path: Path,
+) -> None:
+    """docs/api.md's command on the Quick start's heads, as written (from the repository)."""
     out = tmp_path / "preds.parquet"
-    predict = etn("predict", REPO / "pipelines/digits.toml", "digits:test", "--head", "etn",
-                  "--out", out, env=env)  # fmt: skip
+    digits = REPO / "pipelines/digits.toml"
+    predict = quick_start.etn("predict", digits, "digits:test", "--head", "etn", "--out", out)
     assert predict.returncode == 0 and out.is_file(), predict.stderr

@@ -52,13 +52,15 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return finished_run(tmp_path_factory.mktemp("damage"))
 
 
-def sweep(clean, tmp_path: Path, flips: int, seed: int) -> Counter:  # noqa: ANN001
+def sweep(clean, tmp_path: Path, flips: int, seed: int, kinds: tuple[str, ...] = ()) -> Counter:  # noqa: ANN001
     """Damage ``clean`` one case at a time (``flips`` seeded flips per kind, half in the first
     512 bytes, plus the signature byte, a truncation and deletion), run each, check every
-    outcome, and return the tally of (kind, verdict)."""
+    outcome, and return the tally of (kind, verdict). ``kinds`` keeps only those kinds' cases
+    of the same seeded sample (all kinds if empty)."""
     pipeline, data = clean
     cases = list(sample(data, flips=flips, seed=seed))
     assert len(cases) == (flips + 3) * len(KINDS)
+    cases = [case for case in cases if not kinds or case.kind in kinds]
     outcomes = {
         str(case): run_case(case, pipeline, data, tmp_path / "work", in_process=True)
         for case in cases
@@ -71,6 +73,22 @@ def sweep(clean, tmp_path: Path, flips: int, seed: int) -> Counter:  # noqa: ANN
     return Counter((c.split(":")[0], o.verdict) for c, o in outcomes.items())
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_kind_damaged_at_its_signature_header_body_end_and_whole_is_repaired_or_refused(
+    clean: tuple[Path, Path],
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    """CI's sweep, one test per kind: the signature byte, one seeded flip in the first 512
+    bytes and one anywhere, a truncation to half and deletion (5 cases per kind, 55 in all):
+    every kind and every form of damage, each run after a copy of one finished run. The
+    samples of 24 and 96 flips per kind below (-m slow) and ``benchmarks/bench_damage.py``
+    (every bit) look for the rare byte."""
+    tally = sweep(clean, tmp_path, flips=2, seed=20, kinds=(kind,))
+    assert sum(tally.values()) == 5, tally
+
+
+@pytest.mark.slow
 def test_a_sweep_of_24_flips_per_kind_is_repaired_or_refused_in_one_line(clean, tmp_path) -> None:  # noqa: ANN001
     """The issue's "a few dozen per kind": 24 seeded flips (12 in the first 512 bytes, 12
     anywhere) plus the signature byte, a truncation and deletion, for each of the 11 kinds
