@@ -49,6 +49,7 @@ class Unit:
     again: str = "Rebuilding {name}."  # what a repair line says etn does ({name}: path's name)
     record: str | None = None  # the sealed JSON record written last, inside the folder
     sealed_files: Sequence[str] | None = None  # files the record lists (None: every file)
+    kept: str = "up to date"  # the reason a skip line gives for an intact unit
     counted: bool = True  # False: lines only, not in the StageResult (nor [k/N] of status)
     quiet_skip: bool = False  # no line when found intact
 
@@ -89,7 +90,6 @@ class Claimed:
     reason: str
 
 
-UP_TO_DATE = "up to date"
 FINISHED_MEANWHILE = "finished by another run"
 
 
@@ -98,7 +98,7 @@ def claim(unit: Unit, locks: ExitStack, *, force: bool = False, reason: str = ""
     ``locks``, held until it closes), it is checked again, leftovers are cleared and a damaged
     copy is discarded with a repair line. ``reason`` overrides the unit's ``why``."""
     if not force and unit.damage() is None:
-        return Claimed(False, UP_TO_DATE)
+        return Claimed(False, unit.kept)
     for path in unit.locks():
         ensure_writable(path.parent)
     for path in unit.locks():
@@ -108,7 +108,7 @@ def claim(unit: Unit, locks: ExitStack, *, force: bool = False, reason: str = ""
         return Claimed(False, FINISHED_MEANWHILE)
     unit.clear()
     if unit.path.exists() and not force:
-        progress.say(repair_line(damage, unit.again.format(name=unit.path.name)))
+        progress.say(repair_line(damage, unit.again.replace("{name}", unit.path.name)))
         discard(unit.path)
     return Claimed(True, "--force" if force else reason or unit.why)
 
@@ -143,7 +143,7 @@ def build_units(
     todo = [u for u in units if damage[id(u)]]
     for unit in units:
         if not damage[id(unit)]:
-            skip(unit, result, UP_TO_DATE, unit.quiet_skip)
+            skip(unit, result, unit.kept, unit.quiet_skip)
     if todo and before is not None:
         before(todo)
     for unit in todo:
