@@ -12,7 +12,7 @@ from typing import Any
 
 from etn_cli.errors import EtnError
 from etn_cli.stages.result import StageResult
-from etn_cli.stages.units import Unit, build_unit
+from etn_cli.stages.units import Unit, build_units
 
 
 def check_head_inputs(plan: Any, units: list[Any], adapt: Any) -> None:
@@ -30,7 +30,8 @@ def check_head_inputs(plan: Any, units: list[Any], adapt: Any) -> None:
 
     shape = (adapt.num_classes, adapt.hidden_size)
     if plan.classifier_source is not None:  # your own features: given, or fitted, once
-        build_unit(OwnClassifier(plan, shape), StageResult("train"), quiet=True)
+        found = [OwnClassifier(plan, shape)]  # checked before its lock: a refusal writes nothing
+        build_units(found, StageResult("train"), before=lambda todo: [u.made() for u in todo])
     classifier_for(plan, shape)  # refused here if it misfits
 
 
@@ -45,14 +46,23 @@ class OwnClassifier(Unit):
     def __init__(self, plan: Any, shape: tuple[int, int]) -> None:
         self.plan, self.shape = plan, shape
         self.path, self.name = plan.classifier_path, "classifier (your own features)"
+        self._made: tuple[Any, Any, dict[str, Any]] | None = None
 
     def damage(self) -> str | None:
         return None if self.path.is_file() else "missing"
 
-    def write(self, force: bool) -> None:
+    def made(self) -> tuple[Any, Any, dict[str, Any]]:
+        """``(weight, bias, record)``, checked against the features' shape (made once)."""
         from etn_cli.own_features.classifier import build_classifier, check_shape
+
+        if self._made is None:
+            weight, bias, record = build_classifier(self.plan)
+            check_shape(weight, self.shape, record.get("file", "the fitted classifier"))
+            self._made = weight, bias, record
+        return self._made
+
+    def write(self, force: bool) -> None:
         from etn_cli.store.artefacts.classifier import save_classifier
 
-        weight, bias, record = build_classifier(self.plan)
-        check_shape(weight, self.shape, record.get("file", "the fitted classifier"))
+        weight, bias, record = self.made()
         save_classifier(self.path, weight, bias, {"classifier_source": record})
