@@ -42,16 +42,12 @@ def load_plan(
 ) -> Any:
     """Load and plan a pipeline; ``read_only`` plans never build (or train) anything; a
     ``--device`` replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
-    from etn_cli.backbones.base import read_only as building_nothing
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     loaded = dataclasses.replace(loaded, device=device) if device else loaded
-    if not read_only:
-        return make_plan(loaded, resolve_data_dir(data_dir))
-    with building_nothing():
-        return make_plan(loaded, resolve_data_dir(data_dir))
+    return make_plan(loaded, resolve_data_dir(data_dir))  # planning never builds anything
 
 
 def plan_on(

@@ -47,6 +47,7 @@ from etn_cli.errors import EtnError
 from etn_cli.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
+from etn_cli.stages.prepare import prepare, require_prepared
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
 from etn_cli.stages.units import Unit, build_unit, build_units
@@ -70,6 +71,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     with explained_storage_errors():
         join(world)
         device = rank_device(device, world)
+        prepare(plan)  # stage zero: a backbone etn builds itself (the digits CNN), once
         backbone = functools.cache(lambda: load_backbone(plan, device))  # only if there is work
         splits = {unit.path: unit_split(plan, unit) for unit in plan.feature_units}
         pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
@@ -312,6 +314,7 @@ def load_backbone(plan: Plan, device: str) -> Any:
         backbone = type(template)(template.config, template.cache_dir, device)
     if plan.finetune is not None:
         backbone.use_finetuned(require_finetuned(plan.finetune))
+    require_prepared(backbone)  # the digits CNN's weights, checked
     check_id_classes(plan, backbone)  # before any split is claimed (extract loads it first)
     return backbone
 

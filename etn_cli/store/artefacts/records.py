@@ -68,3 +68,12 @@ def files_damage(folder: Path, name: str, record: dict[str, Any]) -> str | None:
                 "the file changed or is corrupt."
             )
     return None
+
+
+def intact_record(folder: Path, name: str) -> dict[str, Any] | None:
+    """The record ``folder/name`` when it reads and matches its seal (its files are not
+    checked), else None: what planning may trust of a unit without building it."""
+    try:
+        return read_record(folder, name)
+    except EtnError:
+        return None
