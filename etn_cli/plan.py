@@ -212,9 +212,7 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     options = _resolve_path_options(pipeline, getattr(cls, "PATH_OPTIONS", ()))
     config = build_config(cls.Config, options, f"{pipeline.path} [backbone]")
     device = planned_device(pipeline.device)  # dtype = "auto" resolves for the run's device
-    backbone = cls(config, cache_dir=data_dir / "backbones", device=device)
-    if (prepared := backbone.prepared_folder()) is not None:  # read, never built, here
-        backbone.use_prepared(intact_record(prepared, backbone.prepared_record))
+    backbone = planned(cls(config, cache_dir=data_dir / "backbones", device=device))
     backbone_fp = backbone.fingerprint()
     finetune = _finetune_unit(pipeline, data_dir, backbone) if pipeline.finetune else None
     if finetune is not None:
@@ -268,6 +266,14 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         backbone=backbone,
         finetune=finetune,
     )
+
+
+def planned(backbone: Any) -> Any:
+    """``backbone`` told what its stage zero's record says (the digits CNN's weights' sha256,
+    for its fingerprint), read and never built."""
+    if (folder := backbone.prepared_folder()) is not None:
+        backbone.use_prepared(intact_record(folder, backbone.prepared_record))
+    return backbone
 
 
 def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> FinetuneUnit:
