@@ -19,7 +19,6 @@ from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads.calibration import apply_temperature, fit_temperature
 from etn_cli.registry import Registry
-from etn_cli.store.artefacts.headfiles import seal_head_files
 
 HEAD_FORMAT = 1
 
@@ -266,6 +265,14 @@ class Head:
         return ("hidden", "logits") if self.reads_hidden else ("logits",)
 
     def save(self, folder: Path) -> None:
+        """Write the head's files into ``folder`` (:meth:`write_files`) and their checksums
+        (``checksums.sha256``, the store's, checked when the folder is loaded)."""
+        from etn_cli.store import seal_head_files  # the store's front door, not its internals
+
+        self.write_files(folder)
+        seal_head_files(folder)
+
+    def write_files(self, folder: Path) -> None:
         """Write ``head.json`` (name, config, dims) and ``weights.safetensors``."""
         folder = Path(folder)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self._state().items()}
@@ -282,7 +289,6 @@ class Head:
             "selection": self.selection_,
         }
         (folder / "head.json").write_text(json.dumps(meta, indent=2))
-        seal_head_files(folder)  # checked by load_head where no train.json records them
 
     @classmethod
     def load(cls, folder: Path) -> Head:

@@ -44,7 +44,12 @@ other directly.
 """
 
 from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
-from etn_cli.store.artefacts.headfiles import check_head_folder, head_checksums, read_json_object
+from etn_cli.store.artefacts.headfiles import (
+    check_head_folder,
+    head_checksums,
+    read_json_object,
+    seal_head_files,
+)
 from etn_cli.store.atomic import (
     atomic_dir,
     atomic_write_bytes,
@@ -114,6 +119,7 @@ __all__ = [
     "find_leftovers",
     "fingerprint_key",
     "head_checksums",
+    "seal_head_files",
     "is_locked",
     "is_storage_error",
     "load_classifier",
