@@ -271,8 +271,8 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
 def planned(backbone: Any) -> Any:
     """``backbone`` told what its stage zero's record says (the digits CNN's weights' sha256,
     for its fingerprint), read and never built."""
-    if (folder := backbone.prepared_folder()) is not None:
-        backbone.use_prepared(intact_record(folder, backbone.prepared_record))
+    if (folder := backbone.cache_folder()) is not None:
+        backbone.use_cache(intact_record(folder, backbone.cache_record))
     return backbone
 
 

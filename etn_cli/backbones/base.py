@@ -23,7 +23,7 @@ class Backbone:
 
     name: ClassVar[str]
     Config: ClassVar[type]
-    prepared_record: ClassVar[str] = "meta.json"  # seals the folder :meth:`prepare` writes
+    cache_record: ClassVar[str] = "meta.json"  # seals the folder :meth:`build_cache` writes
 
     def __init__(self, config: Any, cache_dir: Path, device: str = "cpu") -> None:
         self.config = config
@@ -109,19 +109,19 @@ class Backbone:
 
         raise EtnError(f"Backbone {self.name!r} cannot load fine-tuned weights from {out_dir}.")
 
-    def prepared_folder(self) -> Path | None:
+    def cache_folder(self) -> Path | None:
         """Where etn builds what this backbone needs before extraction, once (stage zero, as
         ``etn finetune``; the digits CNN's trained weights), or None when it needs nothing.
         Computed from settings alone: planning never builds it."""
         return None
 
-    def prepare(self, folder: Path) -> dict[str, Any]:
-        """Build into the private ``folder`` what :meth:`prepared_folder` names; return a
+    def build_cache(self, folder: Path) -> dict[str, Any]:
+        """Build into the private ``folder`` what :meth:`cache_folder` names; return a
         JSON-able record of it, which the unit driver seals (with every file's sha256) as
-        :attr:`prepared_record` before renaming the folder into place."""
+        :attr:`cache_record` before renaming the folder into place."""
         raise NotImplementedError
 
-    def use_prepared(self, record: dict[str, Any] | None) -> None:
+    def use_cache(self, record: dict[str, Any] | None) -> None:
         """What planning read of the prepared folder's record (None: not built, or damaged
         beyond reading); ``fingerprint()`` must reflect it, and the model loads from it."""
 

@@ -1,7 +1,7 @@
 """``digits_cnn``: the small CNN that plays the "pretrained" backbone of the offline default.
 
 Trained with cross-entropy on the ``digits`` train split by stage zero of ``etn extract`` (the unit
-driver builds :meth:`DigitsCNNBackbone.prepare` once, as ``etn finetune`` builds a fine-tuned
+driver builds :meth:`DigitsCNNBackbone.build_cache` once, as ``etn finetune`` builds a fine-tuned
 backbone), then cached as safetensors in ``cache_dir/digits_cnn-<key>/``; the key hashes the
 config, the train split's fingerprint and :data:`CODE_VERSION`. ``meta.json`` records the weights'
 sha256 (and is sealed by its own); planning reads it for the fingerprint and builds nothing, and
@@ -246,10 +246,10 @@ class DigitsCNNBackbone(Backbone):
         self._model: DigitsCNN | None = None
         self._layers: dict[str, nn.Module] | None = None
 
-    def prepared_folder(self) -> Path:
+    def cache_folder(self) -> Path:
         return self.folder
 
-    def prepare(self, folder: Path) -> dict[str, Any]:
+    def build_cache(self, folder: Path) -> dict[str, Any]:
         """Train the CNN on the digits ``train`` split into ``folder`` (the unit driver seals
         it with ``meta.json`` and renames it into place)."""
         digits = Digits()
@@ -257,7 +257,7 @@ class DigitsCNNBackbone(Backbone):
             self.config, digits.load_split("train"), digits.load_split("test"), folder
         )
 
-    def use_prepared(self, record: dict[str, Any] | None) -> None:
+    def use_cache(self, record: dict[str, Any] | None) -> None:
         """The weights' sha256 that ``meta.json`` records (an older etn's, listing none: the
         file's own), or "not built"; the model is loaded from them at first use."""
         files = (record or {}).get("files")

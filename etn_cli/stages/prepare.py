@@ -1,8 +1,8 @@
 """Stage zero of a backbone that etn builds itself before extracting (the digits CNN's trained
 weights), as ``etn finetune`` is for a fine-tuned one.
 
-The backbone names the folder (:meth:`~etn_cli.backbones.base.Backbone.prepared_folder`, keyed
-by its settings) and builds into it (``prepare``); the unit driver (:mod:`etn_cli.stages.units`)
+The backbone names the folder (:meth:`~etn_cli.backbones.base.Backbone.cache_folder`, keyed
+by its settings) and builds into it (``build_cache``); the unit driver (:mod:`etn_cli.stages.units`)
 does the rest. Its line stands outside the run's ``[k/N]``: ``etn status`` counts no backbone.
 A built backbone's fingerprint names its weights, so the plan, made while it was not built, is
 made again with it (:func:`etn_cli.plan.replan`): the feature keys follow the weights.
@@ -24,7 +24,7 @@ def prepare(plan: Plan) -> bool:
     """Build the plan's backbone's stage zero unless it is intact; the plan is made again
     when that changes its keys. True when something was built."""
     backbone = plan.backbone
-    if backbone is None or backbone.prepared_folder() is None:
+    if backbone is None or backbone.cache_folder() is None:
         return False
     before = backbone.fingerprint()
     built = prepared(backbone)
@@ -36,19 +36,19 @@ def prepare(plan: Plan) -> bool:
 def prepared(backbone: Any) -> bool:
     """Build ``backbone``'s stage zero unless it is intact, then point the backbone at it
     (its fingerprint and model). True when it was built."""
-    unit = PreparedBackbone(backbone)
+    unit = BackboneCache(backbone)
     built = build_unit(unit, StageResult("extract"))
-    backbone.use_prepared(intact_record(unit.path, unit.record))
+    backbone.use_cache(intact_record(unit.path, unit.record))
     return built
 
 
 def require_prepared(backbone: Any) -> None:
     """Point ``backbone`` at its stage zero, which must be intact: a damaged one is a
     :class:`DamagedArtefact` (``etn run`` rebuilds it), a missing one says how to build it."""
-    folder = backbone.prepared_folder()
+    folder = backbone.cache_folder()
     if folder is None:
         return
-    unit = PreparedBackbone(backbone)
+    unit = BackboneCache(backbone)
     if (damage := unit.damage()) == "missing":
         raise EtnError(
             f"Expected the {backbone.name} backbone built in {folder}, found none. Run `etn "
@@ -56,10 +56,10 @@ def require_prepared(backbone: Any) -> None:
         )
     if damage is not None:
         raise DamagedArtefact(folder, damage)
-    backbone.use_prepared(intact_record(folder, unit.record))
+    backbone.use_cache(intact_record(folder, unit.record))
 
 
-class PreparedBackbone(Unit):
+class BackboneCache(Unit):
     """What a backbone builds once before extraction, sealed by its record (``meta.json``)."""
 
     stage = "extract"
@@ -69,8 +69,8 @@ class PreparedBackbone(Unit):
 
     def __init__(self, backbone: Any) -> None:
         self.backbone = backbone
-        self.path, self.name = backbone.prepared_folder(), f"{backbone.name} backbone"
-        self.record = backbone.prepared_record
+        self.path, self.name = backbone.cache_folder(), f"{backbone.name} backbone"
+        self.record = backbone.cache_record
         self.again = f"Building the {backbone.name} backbone again."
 
     def damage(self) -> str | None:
@@ -85,4 +85,4 @@ class PreparedBackbone(Unit):
         return files_damage(self.path, self.record, record)
 
     def build(self, folder: Path) -> dict[str, Any]:
-        return self.backbone.prepare(folder)
+        return self.backbone.build_cache(folder)

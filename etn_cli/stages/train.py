@@ -34,10 +34,6 @@ from etn_cli.store.reading.reader import Features, read_split
 from etn_cli.store.storage import explained_storage_errors
 
 
-def head_is_complete(path: Path) -> bool:
-    return head_damage(path) is None
-
-
 def head_damage(path: Path) -> str | None:
     """None when the head folder is whole (its files match the checksums in ``train.json``);
     "missing" when there is none; otherwise what is damaged."""
