@@ -40,8 +40,8 @@ def load_plan(
     read_only: bool = False,
     device: str | None = None,
 ) -> Any:
-    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything; a
-    ``--device`` replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
+    """Load and plan a pipeline (planning reads files and builds nothing); a ``--device``
+    replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
@@ -59,8 +59,8 @@ def plan_on(
     read_only: bool = False,
 ) -> tuple[Any, str]:
     """The plan and the checked device of a command that builds: a device this machine lacks
-    is refused before planning, which may already train a backbone. A ``read_only`` command
-    (``predict``) plans without building or creating anything."""
+    is refused before anything is built. A ``read_only`` command (``predict``) creates no data
+    directory (planning never builds anything)."""
     from etn_cli.pipeline import load_pipeline
     from etn_cli.stages.run import ensure_data_dir, resolve_device
 
