@@ -54,17 +54,13 @@ def load_plan(
     read_only: bool = False,
     device: str | None = None,
 ) -> Any:
-    """Load and plan a pipeline; ``read_only`` plans never build (or train) anything; a
-    ``--device`` replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
+    """Load and plan a pipeline (planning reads files and builds nothing); a ``--device``
+    replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
     loaded = checked_pipeline(pipeline, overrides, only)
-    from etn_cli.backbones.base import read_only as building_nothing
     from etn_cli.plan import make_plan
 
     loaded = dataclasses.replace(loaded, device=device) if device else loaded
-    if not read_only:
-        return make_plan(loaded, resolve_data_dir(data_dir))
-    with building_nothing():
-        return make_plan(loaded, resolve_data_dir(data_dir))
+    return make_plan(loaded, resolve_data_dir(data_dir))  # planning never builds anything
 
 
 def plan_on(
@@ -76,8 +72,8 @@ def plan_on(
     read_only: bool = False,
 ) -> tuple[Any, str]:
     """The plan and the checked device of a command that builds: a device this machine lacks
-    is refused before planning, which may already train a backbone. A ``read_only`` command
-    (``predict``) plans without building or creating anything."""
+    is refused before anything is built. A ``read_only`` command (``predict``) creates no data
+    directory (planning never builds anything)."""
     loaded = checked_pipeline(pipeline, overrides, only)
     check_device_name(device or loaded.device)  # a misspelt one before torch loads
     from etn_cli.stages.run import ensure_data_dir, resolve_device

@@ -18,6 +18,7 @@ gives a new key, and a rerun finds the finished units and skips them.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from etn_cli.own_features.units import drop_unusable
 from etn_cli.pipeline import HeadSpec, Pipeline, check_groups
 from etn_cli.plan_own import own_features
 from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
+from etn_cli.store.artefacts.records import intact_record
 from etn_cli.store.content import use_data_dir
 from etn_cli.store.fingerprint import fingerprint_key
 
@@ -44,7 +46,8 @@ RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
 
 
 def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
-    """All units of ``pipeline`` with their keys and paths; nothing is loaded or written."""
+    """All units of ``pipeline`` with their keys and paths, from files and settings: nothing is
+    built, trained, loaded or written, and no device is touched."""
     data_dir = Path(data_dir).resolve()
     use_data_dir(data_dir)  # the digests of your input files are remembered there
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
@@ -59,6 +62,14 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
     plan.heads, plan.skipped = drop_unusable(_head_units(plan), plan)
     plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
     return plan
+
+
+def replan(plan: Plan) -> None:
+    """Make ``plan`` again in place, after stage zero built what its keys name (the digits
+    CNN's weights): whoever holds the plan then sees the units' new keys."""
+    fresh = make_plan(plan.pipeline, plan.data_dir)
+    for field in dataclasses.fields(plan):
+        setattr(plan, field.name, getattr(fresh, field.name))
 
 
 def open_source(pipeline: Pipeline, dataset: str) -> Any:
@@ -201,7 +212,7 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     options = _resolve_path_options(pipeline, getattr(cls, "PATH_OPTIONS", ()))
     config = build_config(cls.Config, options, f"{pipeline.path} [backbone]")
     device = planned_device(pipeline.device)  # dtype = "auto" resolves for the run's device
-    backbone = cls(config, cache_dir=data_dir / "backbones", device=device)
+    backbone = planned(cls(config, cache_dir=data_dir / "backbones", device=device))
     backbone_fp = backbone.fingerprint()
     finetune = _finetune_unit(pipeline, data_dir, backbone) if pipeline.finetune else None
     if finetune is not None:
@@ -255,6 +266,14 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         backbone=backbone,
         finetune=finetune,
     )
+
+
+def planned(backbone: Any) -> Any:
+    """``backbone`` told what its stage zero's record says (the digits CNN's weights' sha256,
+    for its fingerprint), read and never built."""
+    if (folder := backbone.cache_folder()) is not None:
+        backbone.use_cache(intact_record(folder, backbone.cache_record))
+    return backbone
 
 
 def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> FinetuneUnit:

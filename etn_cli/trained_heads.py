@@ -53,12 +53,10 @@ def read_head(folder: str | Path) -> Head:
 def plan_of(pipeline: str | Path, data_dir: str | Path | None) -> Plan:
     """The plan of a pipeline whose trained heads are read: nothing is built (a digits CNN not
     trained yet leaves its heads untrained, which :func:`pipeline_head` then says)."""
-    from etn_cli.backbones.base import read_only
     from etn_cli.pipeline import load_pipeline
     from etn_cli.plan import make_plan
 
-    with read_only():
-        return make_plan(load_pipeline(Path(pipeline)), data_directory(data_dir))
+    return make_plan(load_pipeline(Path(pipeline)), data_directory(data_dir))
 
 
 def pipeline_head(plan: Plan, head: str, seed: int) -> HeadUnit:

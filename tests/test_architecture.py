@@ -31,7 +31,7 @@ STORE_PUBLIC = {
     *("reading.reader", "reading.consistency", "reading.parquet"),
     *("writing.writer", "writing.manifest", "writing.pieces", "writing.merge", "writing.checks"),
     *("artefacts.classifier", "artefacts.headfiles", "artefacts.predictions"),
-    *("artefacts.sealed", "artefacts.unitkey", "maintenance.leftovers"),
+    *("artefacts.sealed", "artefacts.records", "artefacts.unitkey", "maintenance.leftovers"),
 }
 # Parts below the stages that may use only some of those: they read and key their own inputs
 # but build no unit (the heads' and the digits CNN's sealing is the stages' to take over).
@@ -39,9 +39,7 @@ STORE_FOR = {
     "etn_cli.metrics": set(),
     "etn_cli.datasets": {"fingerprint", "content", "reading.parquet"},
     "etn_cli.heads": {"artefacts.headfiles"},
-    "etn_cli.backbones": {
-        *("fingerprint", "content", "atomic", "artefacts.headfiles", "artefacts.sealed"),
-    },
+    "etn_cli.backbones": {"fingerprint", "content", "atomic", "artefacts.headfiles"},
     "etn_cli.report": {
         *("fingerprint", "atomic", "notes", "reading.parquet"),
         *("artefacts.predictions", "artefacts.sealed", "artefacts.unitkey"),

@@ -255,7 +255,16 @@ SMALL = digits_cnn.Config(epochs=2, layers=("features.0", "features.6"), odin=Tr
 
 @pytest.fixture(scope="module")
 def backbone(tmp_path_factory) -> digits_cnn.DigitsCNNBackbone:
-    return digits_cnn.DigitsCNNBackbone(SMALL, tmp_path_factory.mktemp("cache"))
+    return built(SMALL, tmp_path_factory.mktemp("cache"))
+
+
+def built(config: digits_cnn.Config, cache, device: str = "cpu") -> digits_cnn.DigitsCNNBackbone:  # noqa: ANN001
+    """The backbone with its weights trained (or found) by stage zero, as ``etn extract``."""
+    from etn_cli.stages.prepare import prepared
+
+    backbone = digits_cnn.DigitsCNNBackbone(config, cache, device=device)
+    prepared(backbone)
+    return backbone
 
 
 @pytest.fixture(scope="module")
@@ -306,9 +315,7 @@ def test_unknown_layer_names_raise_an_error_listing_the_valid_ones(backbone, tmp
 
 
 def test_extract_options_change_the_fingerprint_but_not_the_cached_weights(backbone):
-    plain = digits_cnn.DigitsCNNBackbone(
-        dataclasses.replace(SMALL, layers=(), odin=False), backbone.cache_dir
-    )
+    plain = built(dataclasses.replace(SMALL, layers=(), odin=False), backbone.cache_dir)
     assert plain.folder == backbone.folder  # no retraining for extract-time options
     assert plain.weights_sha256 == backbone.weights_sha256
     assert plain.fingerprint() != backbone.fingerprint()
@@ -319,7 +326,7 @@ def test_extract_options_change_the_fingerprint_but_not_the_cached_weights(backb
 def test_digits_cnn_extracts_with_odin_on_another_device(backbone, images, meta_as_accelerator):
     """The model moves to its device at the first forward pass, outside inference mode: ODIN
     differentiates through weights moved there (``meta`` stands in for a GPU)."""
-    moved = digits_cnn.DigitsCNNBackbone(SMALL, backbone.cache_dir, device="meta")
+    moved = built(SMALL, backbone.cache_dir, device="meta")
     assert next(moved.model.parameters()).device.type == "cpu"  # planning moves nothing
     hidden, logits, extras = moved.extract_batch(images)
     assert hidden.shape == (8, SMALL.hidden) and extras["odin"].shape == (8, 7)

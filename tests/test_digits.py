@@ -14,12 +14,20 @@ from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
 from etn_cli.backbones import backbones, digits_cnn
-from etn_cli.backbones.base import read_only
 from etn_cli.datasets import datasets
 from etn_cli.errors import EtnError
+from etn_cli.plan import planned
+from etn_cli.stages.prepare import prepared
 
 ID_SPLITS = ("train", "adapt", "test")
 SMALL = digits_cnn.Config(epochs=2)  # enough to test caching and determinism, not accuracy
+
+
+def built(config: digits_cnn.Config, cache: Path) -> digits_cnn.DigitsCNNBackbone:
+    """The backbone with its weights trained (or found) by stage zero, as ``etn extract``."""
+    backbone = digits_cnn.DigitsCNNBackbone(config, cache)
+    prepared(backbone)
+    return backbone
 
 
 def load(name: str, split: str = "test"):
@@ -34,7 +42,9 @@ def pixels_and_labels(split) -> tuple[np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def backbone(tmp_path_factory: pytest.TempPathFactory) -> digits_cnn.DigitsCNNBackbone:
     """The default backbone, trained once for the whole module."""
-    return backbones.get("digits_cnn")(digits_cnn.Config(), tmp_path_factory.mktemp("cache"))
+    backbone = backbones.get("digits_cnn")(digits_cnn.Config(), tmp_path_factory.mktemp("cache"))
+    prepared(backbone)
+    return backbone
 
 
 def test_id_splits_are_disjoint_and_cover_exactly_the_digits_0_to_6() -> None:
@@ -110,7 +120,7 @@ def test_default_backbone_is_accurate_but_not_perfect(backbone) -> None:
     assert meta["test_accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
-def test_second_construction_loads_the_cache_without_training(backbone, monkeypatch) -> None:
+def test_second_build_loads_the_cache_without_training(backbone, monkeypatch) -> None:
     files = sorted(backbone.cache_dir.rglob("*"))
     mtimes = [path.stat().st_mtime_ns for path in files]
 
@@ -118,15 +128,15 @@ def test_second_construction_loads_the_cache_without_training(backbone, monkeypa
         raise AssertionError("the cached model was trained again")
 
     monkeypatch.setattr(digits_cnn, "train_and_save", refuse_to_train)
-    again = digits_cnn.DigitsCNNBackbone(backbone.config, backbone.cache_dir)
+    again = built(backbone.config, backbone.cache_dir)
     assert sorted(backbone.cache_dir.rglob("*")) == files  # no temporary folder left either
     assert [path.stat().st_mtime_ns for path in files] == mtimes
     assert again.fingerprint() == backbone.fingerprint()
 
 
 def test_two_independent_trainings_give_identical_weights(tmp_path: Path) -> None:
-    first = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path / "a")
-    second = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path / "b")
+    first = built(SMALL, tmp_path / "a")
+    second = built(SMALL, tmp_path / "b")
     a, b = (load_file(bb.folder / digits_cnn.WEIGHTS_FILE) for bb in (first, second))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert first.fingerprint() == second.fingerprint()
@@ -156,7 +166,7 @@ def test_weights_and_features_do_not_depend_on_the_float_kernels_reduction_order
             monkeypatch.setattr(digits_cnn, "deterministic", lambda s, n=threads: on_threads(s, n))
             weights.append(digits_cnn.train_model(SMALL, train).state_dict())
             torch.set_num_threads(threads)
-            backbone = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path / str(threads))
+            backbone = built(SMALL, tmp_path / str(threads))
             features.append(backbone.forward(test.data.tensors[0])[0])  # (N, D)
     finally:
         torch.set_num_threads(before)
@@ -166,34 +176,51 @@ def test_weights_and_features_do_not_depend_on_the_float_kernels_reduction_order
 
 
 def test_fingerprint_changes_when_a_config_value_changes(tmp_path: Path) -> None:
-    base = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path)
-    other = digits_cnn.DigitsCNNBackbone(dataclasses.replace(SMALL, lr=2e-3), tmp_path)
+    base = built(SMALL, tmp_path)
+    other = built(dataclasses.replace(SMALL, lr=2e-3), tmp_path)
     assert base.fingerprint() != other.fingerprint()
     assert base.folder != other.folder
 
 
 def test_damaged_weights_are_retrained_to_the_same_bytes(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    folder = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path).folder
+    folder = built(SMALL, tmp_path).folder
     weights = folder / digits_cnn.WEIGHTS_FILE
     good = weights.read_bytes()
     weights.write_bytes(b"not a safetensors file")
     digest = hashlib.sha256(good).hexdigest()
-    with read_only():  # planning without building keeps the recorded key and repairs nothing
-        assert digits_cnn.DigitsCNNBackbone(SMALL, tmp_path).weights_sha256 == digest
+    # planning keeps the recorded key and repairs nothing; loading the model refuses the file
+    planning = planned(digits_cnn.DigitsCNNBackbone(SMALL, tmp_path))
+    assert planning.weights_sha256 == digest
+    with pytest.raises(EtnError, match="has sha256 .* but meta.json records"):
+        planning.load()
     assert weights.read_bytes() == b"not a safetensors file"
-    backbone = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path)
+    backbone = built(SMALL, tmp_path)
     assert weights.read_bytes() == good and "repair: " in capsys.readouterr().err
     assert backbone.fingerprint()["weights_sha256"] == digest
 
 
 def test_unreadable_weights_of_an_older_cache_raise_an_etn_error(tmp_path: Path) -> None:
-    folder = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path).folder
+    folder = built(SMALL, tmp_path).folder
     meta = json.loads((folder / "meta.json").read_text())
     meta.pop("files"), meta.pop("record_sha256")  # as etn wrote it before recording sha256
     (folder / "meta.json").write_text(json.dumps(meta))
     (folder / digits_cnn.WEIGHTS_FILE).write_bytes(b"not a safetensors file")
     with pytest.raises(EtnError, match="Delete"):
-        digits_cnn.DigitsCNNBackbone(SMALL, tmp_path)
+        built(SMALL, tmp_path).load()
+
+
+def test_module_names_are_the_models_own() -> None:
+    """Layers are checked while planning against these names, without building the model."""
+    model = digits_cnn.DigitsCNN(SMALL, 7)
+    assert [name for name, _ in model.named_modules()][1:] == list(digits_cnn.MODULE_NAMES)
+
+
+def test_constructing_the_backbone_builds_and_loads_nothing(tmp_path: Path) -> None:
+    backbone = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path / "cache")
+    assert backbone._model is None and not (tmp_path / "cache").exists()
+    assert backbone.fingerprint()["weights_sha256"] == "not built"
+    with pytest.raises(EtnError, match="Run `etn extract` or `etn run`"):
+        backbone.load()
 
 
 def test_logits_are_the_classifier_applied_to_the_hidden_state(backbone) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,9 +23,7 @@ class Backbone:
 
     name: ClassVar[str]
     Config: ClassVar[type]
-    # False inside :func:`read_only`: a backbone must not build what it caches (the digits
-    # CNN's weights) and fingerprints itself as "not built" instead.
-    building: ClassVar[bool] = True
+    cache_record: ClassVar[str] = "meta.json"  # seals the folder :meth:`build_cache` writes
 
     def __init__(self, config: Any, cache_dir: Path, device: str = "cpu") -> None:
         self.config = config
@@ -112,18 +109,23 @@ class Backbone:
 
         raise EtnError(f"Backbone {self.name!r} cannot load fine-tuned weights from {out_dir}.")
 
+    def cache_folder(self) -> Path | None:
+        """Where etn builds what this backbone needs before extraction, once (stage zero, as
+        ``etn finetune``; the digits CNN's trained weights), or None when it needs nothing.
+        Computed from settings alone: planning never builds it."""
+        return None
+
+    def build_cache(self, folder: Path) -> dict[str, Any]:
+        """Build into the private ``folder`` what :meth:`cache_folder` names; return a
+        JSON-able record of it, which the unit driver seals (with every file's sha256) as
+        :attr:`cache_record` before renaming the folder into place."""
+        raise NotImplementedError
+
+    def use_cache(self, record: dict[str, Any] | None) -> None:
+        """What planning read of the prepared folder's record (None: not built, or damaged
+        beyond reading); ``fingerprint()`` must reflect it, and the model loads from it."""
+
     def classifier(self) -> dict[str, torch.Tensor]:
         """The final classifier layer: ``weight`` (C, D) and ``bias`` (C,), so that
         ``logits == hidden @ weight.T + bias``. Last-layer baselines start from it."""
         raise NotImplementedError
-
-
-@contextmanager
-def read_only() -> Iterator[None]:
-    """Plan without building: read-only commands (status, report, dry runs) never train or
-    write a backbone's cache."""
-    previous, Backbone.building = Backbone.building, False
-    try:
-        yield
-    finally:
-        Backbone.building = previous

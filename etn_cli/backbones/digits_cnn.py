@@ -1,16 +1,18 @@
 """``digits_cnn``: the small CNN that plays the "pretrained" backbone of the offline default.
 
-Trained with cross-entropy on the ``digits`` train split the first time it is needed, then cached
-as safetensors in ``cache_dir/digits_cnn-<key>/``; the key hashes the config, the train split's
-fingerprint and :data:`CODE_VERSION`. ``meta.json`` records the weights' sha256 (and is sealed by
-its own), checked at every load; a damaged cache is retrained. Training is seeded, single-threaded
-and deterministic, and runs in float64; the weights are then rounded to float32. Processors
-differ in the last bits of their float kernels, which a float32 training run compounds over its
-240 steps (one thread against two, as a stand-in for another processor: weights 1.5e-6 apart,
-and README tables that moved by tenths of a point between machines); in float64 such
+Trained with cross-entropy on the ``digits`` train split by stage zero of ``etn extract`` (the unit
+driver builds :meth:`DigitsCNNBackbone.build_cache` once, as ``etn finetune`` builds a fine-tuned
+backbone), then cached as safetensors in ``cache_dir/digits_cnn-<key>/``; the key hashes the
+config, the train split's fingerprint and :data:`CODE_VERSION`. ``meta.json`` records the weights'
+sha256 (and is sealed by its own); planning reads it for the fingerprint and builds nothing, and
+the weights are checked against it when the model is loaded, at first use. Training is seeded,
+single-threaded and deterministic, and runs in float64; the weights are then rounded to float32.
+Processors differ in the last bits of their float kernels, which a float32 training run compounds
+over its 240 steps (one thread against two, as a stand-in for another processor: weights 1.5e-6
+apart, and README tables that moved by tenths of a point between machines); in float64 such
 differences stay far below float32's resolution (one and two threads: bitwise-identical rounded
-weights), and the features are computed in float64 from those weights and rounded the same way.
-The hidden state is the input of the final linear layer, hence ``logits == hidden @ W.T + b``.
+weights), and the features are computed in float64 from those weights and rounded the same way. The
+hidden state is the input of the final linear layer, hence ``logits == hidden @ W.T + b``.
 
 Two extract-time options add per-sample arrays to the shards (``Backbone.extract_batch``):
 ``layers`` stores the outputs of named modules, pooled, for the Dirichlet meta-model, and
@@ -24,9 +26,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,20 +35,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import load, save
 from torch import nn
 from torch.utils.data import DataLoader
 
-from etn_cli import progress
 from etn_cli.backbones.base import Backbone, backbones
 from etn_cli.backbones.torchvision_hooks import named_layers, pool
 from etn_cli.datasets.base import Split
 from etn_cli.datasets.digits import ID_CLASSES, Digits
 from etn_cli.errors import DamagedArtefact, EtnError
-from etn_cli.store.artefacts.headfiles import read_json_object
-from etn_cli.store.artefacts.sealed import check_record_seal, discard, repair_line, seal_record
-from etn_cli.store.atomic import honour_umask, unit_lock
-from etn_cli.store.fingerprint import file_sha256
 
 CODE_VERSION = "2"  # bump whenever the architecture or training recipe changes (2: float64)
 WEIGHTS_FILE = "model.safetensors"
@@ -183,12 +177,13 @@ def train_model(config: Config, train: Split) -> DigitsCNN:
     return model.float().eval()
 
 
-def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> None:
-    """Train, then write weights and ``meta.json`` to a temporary folder renamed into place,
-    so that a crash never leaves a half-written model behind."""
+def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> dict[str, Any]:
+    """Train, write the weights into ``folder`` (a private folder the unit driver seals and
+    renames into place) and return what ``meta.json`` records about them."""
     started = time.perf_counter()
     model = train_model(config, train)
-    meta = {
+    (folder / WEIGHTS_FILE).write_bytes(save(model.state_dict()))  # a full disk: an OSError
+    return {
         "config": config.training(),
         "train_fingerprint": train.fingerprint,
         "train_accuracy": accuracy(model, train),
@@ -198,54 +193,20 @@ def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> N
         "torch_version": torch.__version__,
         "code_version": CODE_VERSION,
     }
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        (tmp / WEIGHTS_FILE).write_bytes(save(model.state_dict()))  # a full disk: an OSError
-        meta["files"] = {WEIGHTS_FILE: file_sha256(tmp / WEIGHTS_FILE)}  # checked at every load
-        sealed = seal_record(json.loads(json.dumps(meta)))
-        (tmp / META_FILE).write_text(json.dumps(sealed, indent=2) + "\n")
-        honour_umask(tmp)  # mkdtemp's folder is 0700, safetensors' file 0600
-        publish(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def publish(tmp: Path, folder: Path) -> None:
-    """Rename ``tmp`` to ``folder``; a complete folder written meanwhile by another run wins."""
-    try:
-        os.replace(tmp, folder)
-    except OSError as err:
-        if not (folder / WEIGHTS_FILE).is_file():
-            raise EtnError(
-                f"Expected {folder} to be absent or a complete digits_cnn cache, found a folder "
-                f"without {WEIGHTS_FILE} ({err}). Delete {folder} and run again."
-            ) from err
+# The modules of DigitsCNN by name (``named_modules()`` less the model itself), so that a
+# misspelt ``layers`` entry is refused while planning, before any model is built.
+MODULE_NAMES = (
+    "features", *(f"features.{i}" for i in range(8)), "dropout", "classifier"
+)  # fmt: skip
 
 
-def cache_state(folder: Path) -> tuple[str | None, str | None]:
-    """``(sha256 of the weights, problem)`` of a cache folder: the digest ``meta.json`` records
-    (or, from an etn that recorded none, the file's) and None when the weights match it; the
-    problem, "missing" for no folder, otherwise what is damaged."""
-    weights, meta_path = folder / WEIGHTS_FILE, folder / META_FILE
-    if not folder.exists():
-        return None, "missing"
-    try:
-        meta = read_json_object(meta_path)
-        check_record_seal(meta, meta_path, folder)
-    except EtnError as err:
-        return None, f"The digits CNN cache {folder} is damaged: {err}"
-    files = meta.get("files")
-    recorded = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
-    if not weights.is_file():
-        return recorded, f"The digits CNN cache {folder} lacks {WEIGHTS_FILE}."
-    found = file_sha256(weights)
-    if recorded is not None and found != recorded:
-        return recorded, (
-            f"{weights} has sha256 {found[:12]}… but {META_FILE} records {str(recorded)[:12]}…: "
-            "the file changed or is corrupt."
-        )
-    return found, None
+class _Named:
+    """Stands in for the model where only its module names are asked for."""
+
+    def named_modules(self) -> list[tuple[str, None]]:
+        return [(name, None) for name in MODULE_NAMES]
 
 
 @contextlib.contextmanager
@@ -278,47 +239,76 @@ class DigitsCNNBackbone(Backbone):
 
     def __init__(self, config: Config | None, cache_dir: Path, device: str = "cpu") -> None:
         super().__init__(config if config is not None else Config(), cache_dir, device)
-        with torch.random.fork_rng(devices=[]):  # the initial weights are overwritten anyway
-            # float64 in memory: the float32 weights exactly, every forward pass in float64
-            self.model = DigitsCNN(self.config, len(ID_CLASSES)).double()
-        self.folder = self.load()
-        self.model.eval()  # on the CPU until the first forward pass: planning moves nothing
-        self.layer_modules = named_layers(self.model, self.config.layers)
-
-    def load(self) -> Path:
-        """Load the cached weights, training and caching them first when they are missing."""
+        named_layers(_Named(), self.config.layers)  # a misspelt layer: refused while planning
         train_fingerprint = Digits().split_fingerprint("train")  # no data loaded
-        folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train_fingerprint)}"
-        weights = folder / WEIGHTS_FILE
-        recorded, problem = cache_state(folder)
-        if problem and not self.building:  # read-only: nothing is built (or repaired) here
-            self.weights_sha256 = recorded or "not built"
-            return folder
-        if problem:
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            with unit_lock(folder):  # overlapping runs train it once; the other one waits
-                recorded, problem = cache_state(folder)
-                if problem:
-                    if problem != "missing":  # derived, and training is deterministic: rebuild
-                        progress.say(repair_line(problem, "Retraining the digits CNN."))
-                        discard(folder)
-                    # a line in the run's log, outside its [k/N]: status counts no backbone
-                    reason = "no cached weights with this key; trained once, on first use"
-                    with progress.unit("extract", f"{self.name} backbone", reason):
-                        train = Digits().load_split("train")
-                        train_and_save(self.config, train, Digits().load_split("test"), folder)
-                    recorded, problem = cache_state(folder)
-        if problem or recorded is None:
-            raise DamagedArtefact(folder, f"{problem} Delete {folder} and run again.")
+        self.folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train_fingerprint)}"
+        self.weights_sha256 = "not built"
+        self._model: DigitsCNN | None = None
+        self._layers: dict[str, nn.Module] | None = None
+
+    def cache_folder(self) -> Path:
+        return self.folder
+
+    def build_cache(self, folder: Path) -> dict[str, Any]:
+        """Train the CNN on the digits ``train`` split into ``folder`` (the unit driver seals
+        it with ``meta.json`` and renames it into place)."""
+        digits = Digits()
+        return train_and_save(
+            self.config, digits.load_split("train"), digits.load_split("test"), folder
+        )
+
+    def use_cache(self, record: dict[str, Any] | None) -> None:
+        """The weights' sha256 that ``meta.json`` records (an older etn's, listing none: the
+        file's own), or "not built"; the model is loaded from them at first use."""
+        files = (record or {}).get("files")
+        recorded = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
+        weights = self.folder / WEIGHTS_FILE
+        if record is not None and recorded is None and weights.is_file():
+            recorded = hashlib.sha256(weights.read_bytes()).hexdigest()
+        self.weights_sha256 = recorded or "not built"
+        self._model, self._layers = None, None
+
+    @property
+    def model(self) -> DigitsCNN:
+        """The network, loaded at first use from the weights whose sha256 planning read, on
+        the CPU until the first forward pass (:meth:`on_device`)."""
+        if self._model is None:
+            self._model = self.load()
+        return self._model
+
+    @property
+    def layer_modules(self) -> dict[str, nn.Module]:
+        if self._layers is None:
+            self._layers = named_layers(self.model, self.config.layers)
+        return self._layers
+
+    def load(self) -> DigitsCNN:
+        """The CNN with the weights in :attr:`folder`, checked against their recorded sha256."""
+        weights = self.folder / WEIGHTS_FILE
+        fix = f"Delete {self.folder} and run again to retrain it."
+        if self.weights_sha256 == "not built" or not weights.is_file():
+            raise EtnError(
+                f"Expected the trained digits CNN in {self.folder}, found none. Run `etn extract` "
+                "or `etn run` on the pipeline (they train it once)."
+            )
+        data = weights.read_bytes()
+        if (found := hashlib.sha256(data).hexdigest()) != self.weights_sha256:
+            raise DamagedArtefact(
+                self.folder,
+                f"{weights} has sha256 {found[:12]}… but {META_FILE} records "
+                f"{self.weights_sha256[:12]}…: the file changed or is corrupt. {fix}",
+            )
+        with torch.random.fork_rng(devices=[]), torch.inference_mode(False):
+            # float64 in memory: the float32 weights exactly, every forward pass in float64
+            model = DigitsCNN(self.config, len(ID_CLASSES)).double()
         try:
-            self.model.load_state_dict(load_file(weights), strict=True)
+            model.load_state_dict(load(data), strict=True)
         except (SafetensorError, RuntimeError) as err:
             raise EtnError(
                 f"Expected a valid digits_cnn checkpoint at {weights}, found an unreadable or "
-                f"mismatched file ({err}). Delete {folder} and run again to retrain it."
+                f"mismatched file ({err}). {fix}"
             ) from err
-        self.weights_sha256 = recorded
-        return folder
+        return model.eval()
 
     def fingerprint(self) -> dict[str, Any]:
         return {

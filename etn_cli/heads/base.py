@@ -257,6 +257,12 @@ class Head:
         return ("hidden", "logits") if self.reads_hidden else ("logits",)
 
     def save(self, folder: Path) -> None:
+        """Write the head's files into ``folder`` (:meth:`write_files`) and their checksums
+        (``checksums.sha256``, the store's, checked when the folder is loaded)."""
+        self.write_files(folder)
+        seal_head_files(folder)
+
+    def write_files(self, folder: Path) -> None:
         """Write ``head.json`` (name, config, dims) and ``weights.safetensors``."""
         folder = Path(folder)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self._state().items()}
@@ -273,7 +279,6 @@ class Head:
             "selection": self.selection_,
         }
         (folder / "head.json").write_text(json.dumps(meta, indent=2))
-        seal_head_files(folder)  # checked by load_head where no train.json records them
 
     @classmethod
     def load(cls, folder: Path) -> Head:

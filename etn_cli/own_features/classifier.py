@@ -28,8 +28,7 @@ import numpy as np
 
 from etn_cli.errors import EtnError
 from etn_cli.own_features.files import read_classifier_file
-from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
-from etn_cli.store.atomic import unit_lock
+from etn_cli.store.artefacts.classifier import load_classifier
 from etn_cli.store.reading.reader import read_split
 
 AFFINE_TOLERANCE = 1e-3  # relative residual below which the fit is the backbone's own layer
@@ -65,16 +64,10 @@ def build_classifier(plan: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]
 
 
 def classifier_for(plan: Any, shape: tuple[int, int] | None = None) -> tuple[np.ndarray, ...]:
-    """The plan's classifier ``(weight (C, D), bias (C,))``, built once if it is missing;
-    with ``shape`` = (C, D), one of another shape is refused before it is stored."""
+    """The plan's classifier ``(weight (C, D), bias (C,))`` (for your own features, ``etn
+    train`` builds it once first: :class:`etn_cli.stages.head_inputs.OwnClassifier`); with
+    ``shape`` = (C, D), one of another shape is refused."""
     path = plan.classifier_path
-    if plan.classifier_source is not None and not path.is_file():
-        weight, bias, record = build_classifier(plan)
-        check_shape(weight, shape, record.get("file", "the fitted classifier"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with unit_lock(path):
-            if not path.is_file():
-                save_classifier(path, weight, bias, {"classifier_source": record})
     weight, bias = load_classifier(path)
     check_shape(weight, shape, path)
     return weight, bias

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,6 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from etn_cli import progress
 from etn_cli.heads.base import Head, Prediction
 from etn_cli.heads.calibration import fallback as temperature_fallback
 from etn_cli.metrics.evaluation import (
@@ -41,52 +41,64 @@ from etn_cli.stages.conformal_sets import (
 from etn_cli.stages.evaluate_rows import row_columns
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
+from etn_cli.stages.units import Unit, build_units
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder
 from etn_cli.store.artefacts.predictions import predictions_path, rows_frame
-from etn_cli.store.artefacts.sealed import repair_line, seal_state, sidecar, write_sealed
-from etn_cli.store.atomic import remove_tmp, unit_lock
+from etn_cli.store.artefacts.sealed import seal_state, sidecar, write_sealed
+from etn_cli.store.atomic import remove_tmp
 from etn_cli.store.reading.consistency import check_varies
 from etn_cli.store.reading.reader import read_split
-from etn_cli.store.storage import ensure_writable, explained_storage_errors
+from etn_cli.store.storage import explained_storage_errors
 
 TIMING_REPEATS = 3  # timed predictions of the ID test set per head and seed
 
 
 def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
     """Write the metrics file of every head whose file is missing (or all, with ``force``)."""
-    result = StageResult("evaluate")
-    damage = {u.key: metrics_damage(u.path) for u in plan.metrics}
-    todo = [u for u in plan.metrics if force or damage[u.key]]
-    for u in plan.metrics:
-        if u not in todo:
-            result.skip(u.path, unit_name(u.head))
-        elif u.path.exists() and not force:  # a derived file: rebuilt, never used damaged
-            progress.say(repair_line(damage[u.key], f"Rebuilding {u.path.name}."))
-    if not todo:
-        return result
-    check_plan_features(plan)
-    heads = {unit.key: load_head(unit) for unit in todo}  # every checkpoint, before any write
     read = cache(read_split)
-    for split in (plan.test, *plan.ood):  # damaged shards are found before any lock or line
-        read(split.path)
+    heads: dict[str, Head] = {}
+
+    def before(todo: list[MetricsFile]) -> None:
+        check_plan_features(plan)
+        for unit in todo:  # every checkpoint, before any write
+            heads[unit.unit.key] = load_head(unit.unit)
+        for split in (plan.test, *plan.ood):  # damaged shards are found before any lock
+            read(split.path)
+
+    def score(unit: MetricsUnit) -> tuple[pl.DataFrame, pl.DataFrame]:
+        return score_head(plan, unit, heads[unit.key], read, device)
+
+    units = [MetricsFile(unit, score) for unit in plan.metrics]
     with explained_storage_errors():
-        for unit in todo:
-            rows_path = predictions_path(unit.path)
-            ensure_writable(unit.path.parent)
-            ensure_writable(rows_path.parent)
-            with unit_lock(unit.path), unit_lock(rows_path):
-                if not force and metrics_damage(unit.path) is None:  # written while we waited
-                    result.skip(unit.path, unit_name(unit.head), "finished by another run")
-                    continue
-                for part in (unit.path, rows_path):  # a killed run's half-written files
-                    remove_tmp(part)
-                    remove_tmp(sidecar(part))
-                reason = "--force" if force else "no intact metrics file with this key"
-                with result.build(unit.path, unit_name(unit.head), reason):
-                    frame, rows = score_head(plan, unit, heads[unit.key], read, device)
-                    write_sealed(rows_path, parquet_bytes(rows))  # first: see prediction_rows
-                    write_sealed(unit.path, parquet_bytes(frame))
-    return result
+        return build_units(units, StageResult("evaluate"), force=force, before=before)
+
+
+class MetricsFile(Unit):
+    """A head's metrics file and, beside it, its per-row predictions: two sealed Parquet files
+    (each with its ``.sha256``), built under both their locks."""
+
+    why = "no intact metrics file with this key"
+
+    def __init__(self, unit: MetricsUnit, score: Callable[[MetricsUnit], tuple]) -> None:
+        self.unit, self.score = unit, score
+        self.path, self.name = unit.path, unit_name(unit.head)
+        self.rows_path = predictions_path(unit.path)
+
+    def damage(self) -> str | None:
+        return metrics_damage(self.path)
+
+    def locks(self) -> list[Path]:
+        return [self.path, self.rows_path]
+
+    def clear(self) -> None:
+        for part in self.locks():  # a killed run's half-written files
+            remove_tmp(part)
+            remove_tmp(sidecar(part))
+
+    def write(self, force: bool) -> None:
+        frame, rows = self.score(self.unit)
+        write_sealed(self.rows_path, parquet_bytes(rows))  # first: see prediction_rows
+        write_sealed(self.path, parquet_bytes(frame))
 
 
 def metrics_damage(path: Path) -> str | None:

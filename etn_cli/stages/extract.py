@@ -47,11 +47,11 @@ from etn_cli.errors import EtnError
 from etn_cli.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
+from etn_cli.stages.prepare import prepare, require_prepared
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
+from etn_cli.stages.units import Unit, build_unit, build_units
 from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
-from etn_cli.store.artefacts.sealed import discard, repair_line
-from etn_cli.store.atomic import unit_lock
 from etn_cli.store.content import save_memos
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.reading.reader import split_damage
@@ -71,6 +71,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     with explained_storage_errors():
         join(world)
         device = rank_device(device, world)
+        prepare(plan)  # stage zero: a backbone etn builds itself (the digits CNN), once
         backbone = functools.cache(lambda: load_backbone(plan, device))  # only if there is work
         splits = {unit.path: unit_split(plan, unit) for unit in plan.feature_units}
         pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
@@ -91,30 +92,46 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
 def import_features(plan: Plan, result: StageResult) -> StageResult:
     """The extract stage of a ``[features]`` pipeline: import the files not imported yet
     (:mod:`etn_cli.own_features.importer`); folders of shards are read where they are."""
-    from etn_cli.own_features.importer import check_before_import, read_checked, write_split
+    from etn_cli.own_features.importer import check_before_import, read_checked
 
-    pending = {}
-    for unit in plan.feature_units:
-        file = (unit.fingerprint or {}).get("file")
-        if file is None or (split_is_complete(unit.path) and split_damage(unit.path) is None):
-            result.skip(unit.path, split_name(unit), "your own features")
-        else:
-            pending[Path(file)] = unit
-    read = read_checked({path: unit.role for path, unit in pending.items()}) if pending else {}
-    if read:  # the checks train and evaluate would make, before the first file is written
+    read: dict[Path, Any] = {}
+
+    def before(todo: list[ImportedSplit]) -> None:  # the checks train and evaluate would make
+        read.update(read_checked({u.file: u.unit.role for u in todo}))
         check_before_import(plan, read)
-    for path, unit in pending.items():
-        unit.path.parent.mkdir(parents=True, exist_ok=True)
-        with unit_lock(unit.path):
-            if unit.path.exists():
-                if (damage := split_damage(unit.path)) is None:  # imported while we waited
-                    result.skip(unit.path, split_name(unit), "finished by another run")
-                    continue
-                progress.say(repair_line(damage, f"Importing {path.name} again."))
-                discard(unit.path)
-            with result.build(unit.path, split_name(unit), f"import {path.name}"):
-                write_split(read[path], unit.path)
-    return result
+
+    found = [ImportedSplit(unit, read) for unit in plan.feature_units]
+    return build_units(found, result, before=before)
+
+
+class ImportedSplit(Unit):
+    """A split imported from a file of your own features (or, with no file, a folder of shards
+    read where it is, never built)."""
+
+    kept = "your own features"
+
+    def __init__(self, unit: FeatureUnit, read: dict[Path, Any]) -> None:
+        self.unit, self.read = unit, read
+        file = (unit.fingerprint or {}).get("file")
+        self.file = Path(file) if file is not None else None
+        self.path, self.name = unit.path, split_name(unit)
+        self.why = f"import {self.file.name}" if self.file else ""
+        self.again = f"Importing {self.file.name} again." if self.file else ""
+
+    def damage(self) -> str | None:
+        if self.file is None:
+            return None
+        if not self.path.exists():
+            return "missing"
+        return split_damage(self.path) or (None if split_is_complete(self.path) else "missing")
+
+    def clear(self) -> None:
+        """Nothing: an import writes through a journal, as extraction does."""
+
+    def write(self, force: bool) -> None:
+        from etn_cli.own_features.importer import write_split
+
+        write_split(self.read[self.file], self.path)
 
 
 def unit_split(plan: Plan, unit: FeatureUnit) -> Callable[[], Any]:
@@ -297,6 +314,7 @@ def load_backbone(plan: Plan, device: str) -> Any:
         backbone = type(template)(template.config, template.cache_dir, device)
     if plan.finetune is not None:
         backbone.use_finetuned(require_finetuned(plan.finetune))
+    require_prepared(backbone)  # the digits CNN's weights, checked
     check_id_classes(plan, backbone)  # before any split is claimed (extract loads it first)
     return backbone
 
@@ -307,22 +325,27 @@ CLASSIFIER_UNIT = "classifier (backbone's final layer)"
 def store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
     """Save the backbone's final layer once per backbone, for the baselines that start from it:
     one unit of the run, after the feature splits, as ``etn status`` lists it."""
-    path = plan.classifier_path
-    if path is None:
-        return
-    if classifier_damage(path) is None:
-        progress.skipped("extract", CLASSIFIER_UNIT)
-        return
-    with (
-        progress.unit("extract", CLASSIFIER_UNIT, "no intact classifier.safetensors"),
-        unit_lock(path),
-    ):
-        if (damage := classifier_damage(path)) is not None:
-            if path.exists():  # derived from the backbone: saved again
-                progress.say(repair_line(damage, "Saving it again."))
-                discard(path)
-            weights = backbone().classifier()
-            save_classifier(path, weights["weight"], weights["bias"], provenance())
+    if plan.classifier_path is not None:
+        build_unit(ExtractedClassifier(plan.classifier_path, backbone), StageResult("extract"))
+
+
+class ExtractedClassifier(Unit):
+    """The backbone's final layer, one sealed safetensors file beside the splits."""
+
+    name = CLASSIFIER_UNIT
+    why = "no intact classifier.safetensors"
+    again = "Saving it again."  # derived from the backbone
+    counted = False  # a line of the run, not a split: the extract summary counts splits
+
+    def __init__(self, path: Path, backbone: Callable[[], Any]) -> None:
+        self.path, self.backbone = path, backbone
+
+    def damage(self) -> str | None:
+        return classifier_damage(self.path)
+
+    def write(self, force: bool) -> None:
+        weights = self.backbone().classifier()
+        save_classifier(self.path, weights["weight"], weights["bias"], provenance())
 
 
 def classifier_damage(path: Path) -> str | None:

@@ -30,17 +30,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from etn_cli import progress
 from etn_cli.distributed import BACKEND, World, describe, from_main, gather
 from etn_cli.errors import EtnError
 from etn_cli.plan import FeatureUnit, Plan
 from etn_cli.provenance import provenance
+from etn_cli.stages import units
 from etn_cli.stages.extract_batches import batches_in, remaining_batches
-from etn_cli.store.artefacts.sealed import discard, repair_line
-from etn_cli.store.atomic import remove_partials, unit_lock
+from etn_cli.store.atomic import remove_partials
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 from etn_cli.store.reading.reader import split_damage
-from etn_cli.store.storage import ensure_writable, is_storage_error, storage_error
+from etn_cli.store.storage import is_storage_error, storage_error
 from etn_cli.store.writing.manifest import split_is_complete
 from etn_cli.store.writing.merge import merge_pieces
 from etn_cli.store.writing.pieces import (
@@ -79,15 +78,9 @@ def claim(
 def _claim(
     plan: Plan, unit: FeatureUnit, rows: Callable[[], int], size: int, lock: ExitStack
 ) -> Claim:
-    if split_is_complete(unit.path) and split_damage(unit.path) is None:
-        return Claim(None, "up to date")
-    ensure_writable(unit.path.parent)
-    lock.enter_context(unit_lock(unit.path))
-    if unit.path.exists():
-        if (damage := split_damage(unit.path)) is None:  # another process finished it meanwhile
-            return Claim(None, "finished by another run")
-        progress.say(repair_line(damage, f"Rebuilding {unit.path.name}."))  # derived: rebuild it
-        discard(unit.path)
+    claimed = units.claim(ExtractedSplit(unit), lock)
+    if not claimed.build:
+        return Claim(None, claimed.reason)
     data = plan.pipeline.data
     assert data is not None
     if rows() == 0:
@@ -99,7 +92,28 @@ def _claim(
     if size > 1:
         pieces_folder(unit.path).mkdir(exist_ok=True)
         prune(pieces_folder(unit.path), layout)
-    return Claim(layout, "no manifest with this key")
+    return Claim(layout, claimed.reason)
+
+
+class ExtractedSplit(units.Unit):
+    """A split folder of shards and its manifest, claimed through the unit driver (skip, lock,
+    check again, discard a damaged copy); its processes then write it themselves. What a killed
+    run left is kept: the journal (or the pieces) resume it."""
+
+    why = "no manifest with this key"
+
+    def __init__(self, unit: FeatureUnit) -> None:
+        self.path, self.name = unit.path, unit.path.name
+
+    def damage(self) -> str | None:
+        if not self.path.exists():
+            return "missing"
+        if (damage := split_damage(self.path)) is not None:
+            return damage
+        return None if split_is_complete(self.path) else "missing"
+
+    def clear(self) -> None:
+        """Nothing: the journal of a killed run is resumed, not cleared."""
 
 
 def open_share(

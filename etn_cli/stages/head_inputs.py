@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from etn_cli.errors import EtnError
+from etn_cli.stages.result import StageResult
+from etn_cli.stages.units import Unit, build_units
 
 
 def check_head_inputs(plan: Any, units: list[Any], adapt: Any) -> None:
@@ -26,4 +28,41 @@ def check_head_inputs(plan: Any, units: list[Any], adapt: Any) -> None:
         return
     from etn_cli.own_features.classifier import classifier_for
 
-    classifier_for(plan, (adapt.num_classes, adapt.hidden_size))  # refused here if it misfits
+    shape = (adapt.num_classes, adapt.hidden_size)
+    if plan.classifier_source is not None:  # your own features: given, or fitted, once
+        found = [OwnClassifier(plan, shape)]  # checked before its lock: a refusal writes nothing
+        build_units(found, StageResult("train"), before=lambda todo: [u.made() for u in todo])
+    classifier_for(plan, shape)  # refused here if it misfits
+
+
+class OwnClassifier(Unit):
+    """The classifier of your own features, written once (given, or fitted on the adaptation
+    split) into ``classifier.safetensors``; one of another shape than the features' is refused
+    before it is stored. Found by its presence: a damaged one is refused where it is read."""
+
+    quiet_skip = True
+    counted = False
+
+    def __init__(self, plan: Any, shape: tuple[int, int]) -> None:
+        self.plan, self.shape = plan, shape
+        self.path, self.name = plan.classifier_path, "classifier (your own features)"
+        self._made: tuple[Any, Any, dict[str, Any]] | None = None
+
+    def damage(self) -> str | None:
+        return None if self.path.is_file() else "missing"
+
+    def made(self) -> tuple[Any, Any, dict[str, Any]]:
+        """``(weight, bias, record)``, checked against the features' shape (made once)."""
+        from etn_cli.own_features.classifier import build_classifier, check_shape
+
+        if self._made is None:
+            weight, bias, record = build_classifier(self.plan)
+            check_shape(weight, self.shape, record.get("file", "the fitted classifier"))
+            self._made = weight, bias, record
+        return self._made
+
+    def write(self, force: bool) -> None:
+        from etn_cli.store.artefacts.classifier import save_classifier
+
+        weight, bias, record = self.made()
+        save_classifier(self.path, weight, bias, {"classifier_source": record})

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etn_cli import progress
-from etn_cli.backbones.base import read_only
 from etn_cli.datasets.class_check import check_planned_classes
 from etn_cli.distributed import rank_device, torchrun_world
 from etn_cli.errors import DamagedArtefact, EtnError
@@ -23,6 +22,7 @@ from etn_cli.plan import FeatureUnit, Plan, make_plan
 from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
+from etn_cli.stages.prepare import prepare
 from etn_cli.stages.report import report
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import train
@@ -167,9 +167,10 @@ def run_pipeline(
 
 
 def run_stages(plan: Plan, dev: str, extract_only: bool) -> list[StageResult]:
-    """Finetune (if asked), extract (saving the classifier), then (on rank 0) train and
-    evaluate; units already built are skipped, so calling it again after a repair redoes only
-    what is missing."""
+    """Build the backbone's stage zero, finetune (if asked), extract (saving the classifier),
+    then (on rank 0) train and evaluate; units already built are skipped, so calling it again
+    after a repair redoes only what is missing."""
+    prepare(plan)  # stage zero (the digits CNN), outside the [k/N]; the plan follows its keys
     with progress.counting(unit_count(plan)):
         results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
         results.append(extract(plan, device=dev))
@@ -209,8 +210,7 @@ def run_many(
         try:
             loaded = load_pipeline(path, options.overrides, options.only)
             resolve_device(device or loaded.device)  # a missing GPU stops the batch up front
-            with read_only():  # checking builds nothing; the run below does
-                check_planned_classes(make_plan(loaded, data_dir))
+            check_planned_classes(make_plan(loaded, data_dir))  # planning builds nothing
         except EtnError as err:
             errors.append(str(err))
     if errors:
@@ -236,15 +236,13 @@ def dry_run_report(
 ) -> str:
     """What ``etn run`` would do: every unit of every pipeline, cached or to build, and the
     totals. Nothing is loaded, trained or written; the device is checked as a run checks it."""
-    from etn_cli.backbones.base import read_only
     from etn_cli.stages.status import status
 
     parts = []
     for path in expand_paths(paths):
         loaded = load_pipeline(path, options.overrides, options.only)
         resolve_device(device or loaded.device)  # refused here as a run would refuse it
-        with read_only():
-            plan = make_plan(loaded, data_dir)
+        plan = make_plan(loaded, data_dir)
         check_planned_classes(plan)  # as run_many checks before any work
         units = status(plan)
         lines = [f"{path} (data directory {plan.data_dir}):"]

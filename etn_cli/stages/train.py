@@ -1,18 +1,20 @@
 """Stage 2: fit every head of the pipeline, per seed, on the cached adaptation features (or,
 for heads that estimate ID statistics, on the pipeline's ``fit`` split when it has one).
 
-A head is built in a private folder (``head.json``, ``weights.safetensors``, then ``train.json``
-with their checksums) renamed into place when complete; ``--force`` builds a new folder and
-swaps it in. Before any head is fitted, the pipeline's splits are checked to fit together.
+Each head is a unit (:mod:`etn_cli.stages.units`): its files (``head.json``,
+``weights.safetensors``) are written into a private folder, sealed by ``train.json`` with their
+checksums and renamed into place when complete; ``--force`` builds a new folder and swaps it
+in. Before any head is fitted, the pipeline's splits are checked to fit together.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,16 +27,11 @@ from etn_cli.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.head_inputs import check_head_inputs
 from etn_cli.stages.result import StageResult
-from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder, head_checksums
-from etn_cli.store.artefacts.sealed import discard, repair_line, seal_record
-from etn_cli.store.atomic import atomic_dir, remove_partials, unit_lock
+from etn_cli.stages.units import Unit, build_units
+from etn_cli.store.artefacts.headfiles import CHECKED_FILES, RECORD, check_head_folder
 from etn_cli.store.reading.consistency import check_splits, check_varies
 from etn_cli.store.reading.reader import Features, read_split
-from etn_cli.store.storage import ensure_writable, explained_storage_errors
-
-
-def head_is_complete(path: Path) -> bool:
-    return head_damage(path) is None
+from etn_cli.store.storage import explained_storage_errors
 
 
 def head_damage(path: Path) -> str | None:
@@ -59,36 +56,37 @@ def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResul
     result = StageResult("train")
     for line in plan.skipped:  # heads left out for want of an input ([features] pipelines)
         progress.say(f"train: {line}")
-    damage = {u.key: head_damage(u.path) for u in plan.heads}
-    todo = [u for u in plan.heads if force or damage[u.key]]
-    for u in plan.heads:
-        if u not in todo:
-            result.skip(u.path, unit_name(u))
-    if not todo:
-        return result
-    check_plan_features(plan)
     features_of = {u.role: u for u in (plan.adapt, plan.fit) if u is not None}
     reader = cache(lambda role: _fit_features(features_of[role]))
-    check_head_inputs(plan, todo, reader("adapt"))  # every head has what it reads, before any fit
-    with explained_storage_errors():
+
+    def before(todo: list[TrainedHead]) -> None:  # every input checked before any fit
+        check_plan_features(plan)
+        check_head_inputs(plan, [u.unit for u in todo], reader("adapt"))
         remember_own_folders(plan.feature_units, plan.data_dir / "features" / OWN_RECORD)
-        for unit in todo:
-            ensure_writable(unit.path.parent)
-            with unit_lock(unit.path):
-                if head_is_complete(unit.path) and not force:  # finished while we waited
-                    result.skip(unit.path, unit_name(unit), "finished by another run")
-                    continue
-                remove_partials(unit.path)  # left by a killed run; we hold the lock
-                if unit.path.exists() and not force:  # derived: retrained, never used damaged
-                    progress.say(
-                        repair_line(head_damage(unit.path), f"Retraining {unit.path.name}.")
-                    )
-                    discard(unit.path)
-                reason = "--force" if force else "no finished head with this key"
-                with result.build(unit.path, unit_name(unit), reason):
-                    features = reader(plan.fit_unit(unit.head).role)
-                    fit_and_save(plan, unit, features, device, replace=force)
-    return result
+
+    units = [TrainedHead(plan, unit, reader, device) for unit in plan.heads]
+    with explained_storage_errors():
+        return build_units(units, result, force=force, before=before)
+
+
+class TrainedHead(Unit):
+    """A head fitted on its split, in a folder sealed by its ``train.json``."""
+
+    why = "no finished head with this key"
+    again = "Retraining {name}."  # derived: retrained, never used damaged
+    record = RECORD
+    sealed_files = CHECKED_FILES
+
+    def __init__(self, plan: Plan, unit: HeadUnit, reader: Callable, device: str) -> None:
+        self.plan, self.unit, self.reader, self.device = plan, unit, reader, device
+        self.path, self.name = unit.path, unit_name(unit)
+
+    def damage(self) -> str | None:
+        return head_damage(self.path)
+
+    def build(self, folder: Path) -> dict[str, Any]:
+        features = self.reader(self.plan.fit_unit(self.unit.head).role)
+        return fit_and_save(self.plan, self.unit, features, self.device, folder)
 
 
 def unit_name(unit: HeadUnit) -> str:
@@ -103,9 +101,12 @@ def _fit_features(unit: FeatureUnit) -> Features:
     return features
 
 
-def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, replace: bool) -> None:
-    """Fit ``unit``'s head on ``adapt`` (the features of ``plan.fit_unit(head)``) and save it
-    with ``train.json``, which records the split it was fitted on (``fit_split``)."""
+def fit_and_save(
+    plan: Plan, unit: HeadUnit, adapt: Features, device: str, folder: Path
+) -> dict[str, Any]:
+    """Fit ``unit``'s head on ``adapt`` (the features of ``plan.fit_unit(head)``), save it into
+    ``folder`` and return its ``train.json`` record, which names the split it was fitted on
+    (``fit_split``)."""
     classifier = None
     if unit.head.needs_classifier:
         weight, bias = classifier_for(plan)  # the backbone's, given, or fitted (own features)
@@ -142,11 +143,8 @@ def fit_and_save(plan: Plan, unit: HeadUnit, adapt: Features, device: str, repla
     }
     if unit.head.needs_classifier:
         record["classifier"] = classifier_record(plan.classifier_path)
-    with atomic_dir(unit.path, replace=replace) as tmp:
-        unit.head.save(tmp)
-        record["files"] = head_checksums(tmp)
-        sealed = seal_record(json.loads(json.dumps(record)))  # sealed as it will read back
-        (tmp / RECORD).write_text(json.dumps(sealed, indent=2))  # last: marks the head complete
+    unit.head.save(folder)
+    return record
 
 
 def fit_split_label(plan: Plan, head: object, rows: int) -> str:
