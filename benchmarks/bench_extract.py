@@ -71,8 +71,8 @@ from torch.utils.data import TensorDataset
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
 from etn_cli.datasets.base import Split
 from etn_cli.datasets.mcqa import QuestionSet
-from etn_cli.distributed import SINGLE
-from etn_cli.plan import FeatureUnit
+from etn_cli.planning.plan import FeatureUnit
+from etn_cli.stages.distributed import SINGLE
 from etn_cli.stages.extract import forward_into
 from etn_cli.stages.extract_ranks import open_share
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink

@@ -21,8 +21,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from etn_cli.backbones.lm_forward import probe_prompt
+from etn_cli.backbones.prompts import PromptTemplate
 from etn_cli.datasets.mcqa_files import Question
-from etn_cli.prompts import PromptTemplate
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3; bos 1, eos 2 as in the config
 LETTERS = ("A", "B", "C", "D")

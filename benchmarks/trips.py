@@ -81,8 +81,8 @@ def traced(call: Callable[[], Any]) -> Walk:
 
 
 def plan_of(pipeline: Path, data: Path) -> Any:
-    from etn_cli.pipeline import load_pipeline
-    from etn_cli.plan import make_plan
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
 
     return make_plan(load_pipeline(pipeline), data)
 

@@ -1,7 +1,7 @@
 """etn: post-hoc evidential uncertainty (the Evidential Transformation Network, CVPR 2026)
 for any pretrained classifier, as a feature-caching pipeline.
 
-The Python API (:mod:`etn_cli.api`) works on arrays or tensors a user already has, and
+The Python API (:mod:`etn_cli.api.heads`) works on arrays or tensors a user already has, and
 returns numpy arrays::
 
     import etn_cli
@@ -24,7 +24,7 @@ from etn_cli.provenance import etn_version
 __version__ = etn_version()
 _API = ("ETN", "EvidentialModel", "EvidentialOutput", "Head", "Prediction")
 _API += ("load_head", "make_head", "read_head")
-_IMAGES = ("ImageFolder", "image_features")  # your own images (etn_cli.image_api)
+_IMAGES = ("ImageFolder", "image_features")  # your own images (etn_cli.api.images)
 __all__ = ["EtnError", "__version__", "heads", *_API, *_IMAGES]
 
 
@@ -33,9 +33,9 @@ def __getattr__(name: str) -> Any:
     if name == "heads":  # the package of heads; ``etn_cli.heads.heads`` is their registry
         return importlib.import_module("etn_cli.heads")
     if name in _API:
-        return getattr(importlib.import_module("etn_cli.api"), name)
+        return getattr(importlib.import_module("etn_cli.api.heads"), name)
     if name in _IMAGES:
-        return getattr(importlib.import_module("etn_cli.image_api"), name)
+        return getattr(importlib.import_module("etn_cli.api.images"), name)
     raise AttributeError(f"module 'etn_cli' has no attribute {name!r}")
 
 

@@ -1,3 +1,3 @@
-from etn_cli.cli import main
+from etn_cli.cli.app import main
 
 main()

@@ -41,8 +41,8 @@ from scipy.stats import spearmanr
 from etn_cli.heads import heads
 from etn_cli.heads.etn_offset import OffsetETN
 from etn_cli.metrics.evaluation import ood_metrics
-from etn_cli.pipeline import load_pipeline
-from etn_cli.plan import make_plan
+from etn_cli.planning.pipeline import load_pipeline
+from etn_cli.planning.plan import make_plan
 from etn_cli.stages.extract import extract
 from etn_cli.store.reading.reader import read_split
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from etn_cli.cli import app
+from etn_cli.cli.app import app
 
 
 def etn(*args: str | Path) -> tuple[int, str]:

@@ -157,7 +157,7 @@ def run_in_process(pipeline: Path, data: Path) -> tuple[int, str, str]:
 
     from typer.testing import CliRunner
 
-    from etn_cli.cli import app
+    from etn_cli.cli.app import app
 
     args = ["run", str(pipeline), "--data-dir", str(data), "-f", "csv"]
     result = CliRunner().invoke(app, args)

@@ -443,7 +443,7 @@ def run_etn(args: list[str]) -> tuple[int, str, str]:
 
     from cli_runner import without_progress
 
-    from etn_cli.cli import main
+    from etn_cli.cli.app import main
 
     err = io.StringIO()
     escaped = ""

@@ -12,8 +12,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from etn_cli.backbones.lm_forward import probe_prompt
 from etn_cli.backbones.lora import peft_quietly
+from etn_cli.backbones.prompts import TEMPLATES, PromptTemplate
 from etn_cli.datasets import datasets
-from etn_cli.prompts import TEMPLATES, PromptTemplate
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 LETTERS = ("A", "B", "C", "D")

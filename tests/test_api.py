@@ -19,8 +19,8 @@ from sklearn.metrics import average_precision_score
 
 import etn_cli
 from etn_cli.errors import EtnError
-from etn_cli.pipeline import load_pipeline
-from etn_cli.plan import make_plan, open_source
+from etn_cli.planning.pipeline import load_pipeline
+from etn_cli.planning.plan import make_plan, open_source
 from etn_cli.store.reading.reader import read_split
 
 DIGITS = """

@@ -1,7 +1,7 @@
 """The catalogue of bad inputs: every way a user can feed etn a wrong file or setting.
 
 Each case builds its inputs in ``tmp_path``, runs one ``etn`` command through the real entry
-point (``etn_cli.cli.main``, so the exit status is the one a shell sees) and checks three
+point (``etn_cli.cli.app.main``, so the exit status is the one a shell sees) and checks three
 things: the message is one line on stderr naming what was expected, what was found and how to
 fix it (key phrases below); the exit status is 2; and the data directory is unchanged, file by
 file (size and modification time), lock files included: inputs are checked and the model is
@@ -28,7 +28,7 @@ import torch
 from cli_runner import without_progress
 from llm_fixtures import make_adapter, make_llama
 
-from etn_cli.cli import main
+from etn_cli.cli.app import main
 from etn_cli.stages.run import run_pipeline
 from etn_cli.store.reading.reader import write_manifest
 

@@ -147,7 +147,7 @@ def test_usage_errors_are_one_line_exit_2_and_write_nothing(
 def test_more_usage_errors_in_process(
     project: Path, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], phrase: str
 ) -> None:
-    from etn_cli.cli import main
+    from etn_cli.cli.app import main
 
     args = [a.replace("{pipeline}", str(project / "conv.toml")) for a in args]
     with pytest.raises(SystemExit) as exit_:
@@ -203,7 +203,7 @@ def test_bad_values_and_names_in_a_pipeline_file_are_one_line_naming_file_and_ke
 def test_a_data_directory_that_cannot_be_created_is_one_line(
     project: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from etn_cli.cli import main
+    from etn_cli.cli.app import main
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -254,7 +254,7 @@ def test_every_option_names_itself_whatever_typer_derives() -> None:
 
     import typer.models
 
-    from etn_cli.cli import app
+    from etn_cli.cli.app import app
 
     undeclared = []
     for command in app.registered_commands:
@@ -333,7 +333,7 @@ def in_process(*args: object) -> tuple[int, str]:
     ``etn`` costs seconds); the other commands of these tests go through the entry point."""
     from typer.testing import CliRunner
 
-    from etn_cli.cli import app
+    from etn_cli.cli.app import app
 
     result = CliRunner().invoke(app, [str(a) for a in args])
     if result.exception and not isinstance(result.exception, SystemExit):
@@ -406,7 +406,7 @@ def test_overrides_are_recorded_in_the_head_provenance(finished, tmp_path: Path)
 
 
 def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:  # noqa: ANN001
-    from etn_cli.pipeline import load_pipeline
+    from etn_cli.planning.pipeline import load_pipeline
 
     pipeline, data, _ = finished
     full = data / "reports" / "conv" / "results.json"
@@ -428,7 +428,7 @@ def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:
 
 
 def test_the_report_folder_is_keyed_by_the_effect_of_the_options(finished) -> None:  # noqa: ANN001
-    from etn_cli.pipeline import load_pipeline
+    from etn_cli.planning.pipeline import load_pipeline
 
     pipeline, _, _ = finished
 

@@ -179,8 +179,8 @@ def _shards(folder, rng: np.random.Generator, n: int) -> None:  # noqa: ANN001
 
 def test_own_features_calibrate_on_a_folder_or_the_test_split_never_the_fitted_rows(tmp_path):
     from etn_cli.errors import EtnError
-    from etn_cli.pipeline import load_pipeline
-    from etn_cli.plan import make_plan
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
 
     rng = np.random.default_rng(0)
     for name in ("adapt", "test", "calib"):

@@ -16,7 +16,7 @@ from sklearn.datasets import load_digits
 from etn_cli.backbones import backbones, digits_cnn
 from etn_cli.datasets import datasets
 from etn_cli.errors import EtnError
-from etn_cli.plan import planned
+from etn_cli.planning.plan import planned
 from etn_cli.stages.prepare import prepared
 
 ID_SPLITS = ("train", "adapt", "test")

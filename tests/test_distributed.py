@@ -67,7 +67,7 @@ def poisoned(self, split):
 
 
 digits.Digits.load_split = poisoned
-from etn_cli.cli import main
+from etn_cli.cli.app import main
 
 sys.argv = ["etn", *sys.argv[1:]]
 main()
@@ -90,7 +90,7 @@ def publish_then_die(partial, final, **options):
 
 
 writer.publish = publish_then_die
-from etn_cli.cli import main
+from etn_cli.cli.app import main
 
 sys.argv = ["etn", *sys.argv[1:]]
 main()

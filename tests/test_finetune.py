@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
 from etn_cli.errors import EtnError
-from etn_cli.pipeline import load_pipeline
-from etn_cli.plan import make_plan, open_source
+from etn_cli.planning.pipeline import load_pipeline
+from etn_cli.planning.plan import make_plan, open_source
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 

@@ -13,8 +13,8 @@ from PIL import Image
 from etn_cli.datasets.image_list import ImageListSource
 from etn_cli.datasets.openood_lists import read_image_list
 from etn_cli.errors import EtnError
-from etn_cli.pipeline import load_pipeline
-from etn_cli.plan import make_plan
+from etn_cli.planning.pipeline import load_pipeline
+from etn_cli.planning.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 

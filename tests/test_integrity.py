@@ -286,8 +286,8 @@ def test_verify_repair_removes_damaged_units_and_the_next_run_rebuilds_them(
 def test_two_ood_folders_with_one_last_segment_stay_apart_and_keyed(tmp_path) -> None:  # noqa: ANN001
     from conftest import make_features
 
-    from etn_cli.pipeline import load_pipeline
-    from etn_cli.plan import make_plan
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
     from etn_cli.store.writing.writer import ShardWriter
 
     for name, split in (("adapt", 0), ("test", 1), ("x/svhn", 2), ("y/svhn", 3)):
@@ -314,7 +314,7 @@ def test_two_ood_folders_with_one_last_segment_stay_apart_and_keyed(tmp_path) ->
 
 @pytest.mark.parametrize("key", ["backbone", "id_dataset"])
 def test_a_features_name_that_would_leave_the_data_directory_is_refused(tmp_path, key) -> None:  # noqa: ANN001
-    from etn_cli.pipeline import load_pipeline
+    from etn_cli.planning.pipeline import load_pipeline
 
     path = tmp_path / "own.toml"
     path.write_text(

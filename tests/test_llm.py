@@ -456,7 +456,7 @@ def test_tiny_mcqa_is_seeded_and_its_answers_are_right():
 def test_a_pipeline_over_the_tiny_llm_runs_end_to_end(llama, tmp_path):
     from typer.testing import CliRunner
 
-    from etn_cli.cli import app
+    from etn_cli.cli.app import app
 
     pipeline = tmp_path / "tiny_llm.toml"
     pipeline.write_text(
@@ -500,7 +500,7 @@ warmup_fraction = 0.1
 def test_a_finetune_table_trains_a_lora_adapter_that_extract_then_uses(llama, tmp_path):
     from typer.testing import CliRunner
 
-    from etn_cli.cli import app
+    from etn_cli.cli.app import app
 
     pipeline = tmp_path / "tiny_lora.toml"
     pipeline.write_text(

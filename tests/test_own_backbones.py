@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from etn_cli.backbones.precision import planned_device, resolve_dtype
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
-from etn_cli.pipeline import DataSpec
+from etn_cli.planning.pipeline import DataSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -50,8 +50,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def split_of(folder: Path, pipeline: str, role: str):  # noqa: ANN201
-    from etn_cli.pipeline import load_pipeline
-    from etn_cli.plan import make_plan
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
 
     plan = make_plan(load_pipeline(folder / pipeline), folder / "data")
     unit = plan.ood[0] if role == "ood" else getattr(plan, role)

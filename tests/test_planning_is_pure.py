@@ -26,7 +26,7 @@ def watched(self, *args, **kwargs):
 
 
 torch.nn.Module.__init__ = watched
-from etn_cli.cli import main
+from etn_cli.cli.app import main
 
 try:
     main(sys.argv[1:])
@@ -74,8 +74,8 @@ def test_predict_with_an_unknown_head_refuses_before_building_anything(tmp_path:
 def test_a_dry_run_after_a_run_plans_the_keys_the_run_built(tmp_path: Path) -> None:
     """The keys planning computes without the CNN's weights are the ones a run ends up with
     once they are built and read (the plan is made again after stage zero)."""
-    from etn_cli.pipeline import load_pipeline
-    from etn_cli.plan import make_plan
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
     from etn_cli.stages.prepare import prepare
 
     data = tmp_path / "data"

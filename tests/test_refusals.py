@@ -264,7 +264,7 @@ def test_letter_advice_without_enough_single_tokens_keeps_the_letters_there_are(
     """With four single-token letters and none of the other sets, the advice is to keep those
     four and leave out the questions with more choices (as both errors then say)."""
     from etn_cli.backbones.lm_forward import letters_advice
-    from etn_cli.prompts import resolve_template
+    from etn_cli.backbones.prompts import resolve_template
 
     class FourLetters:  # words as tokens; of the single characters only A-D are known
         unk_token_id = 0

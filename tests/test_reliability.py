@@ -26,10 +26,10 @@ import torch
 from cli_runner import fresh_data
 from safetensors.torch import save_file
 
-from etn_cli import plan as plan_module
 from etn_cli.errors import EtnError
-from etn_cli.pipeline import load_pipeline
-from etn_cli.plan import make_plan
+from etn_cli.planning import plan as plan_module
+from etn_cli.planning.pipeline import load_pipeline
+from etn_cli.planning.plan import make_plan
 from etn_cli.stages.extract_batches import remaining_batches, tail_loader
 from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.status import render_status, status
@@ -250,7 +250,7 @@ def torn_then_killed(fd):
 
 
 os.fsync = torn_then_killed
-from etn_cli.cli import main
+from etn_cli.cli.app import main
 
 sys.argv = ["etn", "evaluate", sys.argv[1], "--data-dir", sys.argv[2]]
 main()
@@ -527,7 +527,7 @@ def test_verify_names_each_damaged_item_on_one_line_and_exits_1(
 ) -> None:
     from typer.testing import CliRunner
 
-    from etn_cli.cli import app
+    from etn_cli.cli.app import app
 
     data = tmp_path / "data"
     shutil.copytree(reference[1], data)

@@ -12,8 +12,8 @@ import pytest
 from cli_runner import etn
 
 from etn_cli.errors import EtnError
-from etn_cli.pipeline import parse_pipeline
-from etn_cli.plan import make_plan
+from etn_cli.planning.pipeline import parse_pipeline
+from etn_cli.planning.plan import make_plan
 
 BASE = {
     "name": "s",

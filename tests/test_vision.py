@@ -367,7 +367,7 @@ def test_the_background_writer_writes_everything_in_order() -> None:
 def test_ls_lists_the_vision_backbone_and_datasets() -> None:
     from typer.testing import CliRunner
 
-    from etn_cli.cli import app
+    from etn_cli.cli.app import app
 
     assert "torchvision" in CliRunner().invoke(app, ["ls", "backbones"]).output.split()
     names = set(CliRunner().invoke(app, ["ls", "datasets"]).output.split())

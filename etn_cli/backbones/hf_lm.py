@@ -56,9 +56,9 @@ from etn_cli.backbones.lm_forward import (
 )
 from etn_cli.backbones.lora import LoraSettings
 from etn_cli.backbones.precision import DtypeName, resolve_dtype
+from etn_cli.backbones.prompts import CHOICE_LINE, resolve_template
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError, require_extra
-from etn_cli.prompts import CHOICE_LINE, resolve_template
 
 CODE_VERSION = "1"  # bump when the computation of hidden states or logits changes
 
@@ -76,7 +76,7 @@ class Config:
     # output space to only the multiple-choice answer tokens") or "vocabulary" (every token,
     # as the ablation's "C ~ 10^5 for Llama-3.1", Sec. 5.6 "Prior Parameters", reads).
     class_space: Literal["letters", "vocabulary"] = "letters"
-    prompt_template: str = "default"  # a name in etn_cli.prompts.TEMPLATES or a format string
+    prompt_template: str = "default"  # a name in prompts.TEMPLATES or a format string
     choice_line: str = CHOICE_LINE  # one answer choice: "{letter}. {text}"
     max_length: int = 2048  # longer prompts lose their beginning (with a warning)
     layers: tuple[int | str, ...] = ()  # extra pooled layers for dmm: indices, "all", names

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from etn_cli.backbones.prompts import PromptTemplate
 from etn_cli.errors import EtnError
-from etn_cli.prompts import PromptTemplate
 
 PROBE_QUESTION = "Which of the following choices is the correct one?"
 

@@ -1,5 +1,5 @@
 """Where a ``[features]`` pipeline's splits and classifier live: your own features, as files
-or as shard folders (``etn_cli.plan`` builds the plan's units from these answers).
+or as shard folders (``etn_cli.planning.plan`` builds the plan's units from these answers).
 
 ```toml
 [features]

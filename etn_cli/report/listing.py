@@ -1,6 +1,6 @@
 """``etn ls``: what etn has registered, as aligned text a person reads and greps.
 
-The command gathers the entries (:mod:`etn_cli.cli_inspect`, which knows the registries);
+The command gathers the entries (:mod:`etn_cli.cli.inspect`, which knows the registries);
 this module only lays them out. Heads come with their family and what they need beyond the
 cached features (the backbone's classifier, intermediate layers, ID statistics of the ``fit``
 split); pipelines are the ``*.toml`` files of a folder.

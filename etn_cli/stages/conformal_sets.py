@@ -21,7 +21,7 @@ from etn_cli.metrics.conformal import (
     uniforms,
 )
 from etn_cli.metrics.evaluation import MetricValue
-from etn_cli.pipeline import ConformalSpec
+from etn_cli.planning.pipeline import ConformalSpec
 
 
 @dataclass

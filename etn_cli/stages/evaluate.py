@@ -29,7 +29,7 @@ from etn_cli.metrics.evaluation import (
 )
 from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
-from etn_cli.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
+from etn_cli.planning.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.conformal_sets import (
     calibrate,

@@ -42,10 +42,10 @@ import numpy as np
 from etn_cli import progress
 from etn_cli.datasets.base import check_inputs
 from etn_cli.datasets.class_check import check_id_classes
-from etn_cli.distributed import World, current_world, from_main, join, rank_device
 from etn_cli.errors import EtnError
-from etn_cli.plan import FeatureUnit, Plan, load_unit_split
+from etn_cli.planning.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
+from etn_cli.stages.distributed import World, current_world, from_main, join, rank_device
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
 from etn_cli.stages.prepare import prepare, require_prepared
 from etn_cli.stages.result import StageResult

@@ -15,7 +15,7 @@ this module never calls back:
   publishes nothing: pieces stay for the next run, except when the data itself was refused
   (NaN, wrong shapes), which discards them as a single process discards its journal.
 
-Only :mod:`etn_cli.distributed` talks to ``torch.distributed``; in a world of one process its
+Only :mod:`etn_cli.stages.distributed` talks to ``torch.distributed``; in a world of one process its
 collectives return at once.
 """
 
@@ -30,11 +30,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from etn_cli.distributed import BACKEND, World, describe, from_main, gather
 from etn_cli.errors import EtnError
-from etn_cli.plan import FeatureUnit, Plan
+from etn_cli.planning.plan import FeatureUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages import units
+from etn_cli.stages.distributed import BACKEND, World, describe, from_main, gather
 from etn_cli.stages.extract_batches import batches_in, remaining_batches
 from etn_cli.store.atomic import remove_partials
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import DamagedArtefact, EtnError
-from etn_cli.plan import FinetuneUnit, Plan, open_source
+from etn_cli.planning.plan import FinetuneUnit, Plan, open_source
 from etn_cli.provenance import provenance
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.units import Unit, build_unit

@@ -36,9 +36,9 @@ from etn_cli import progress
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
 from etn_cli.metrics.scores import HIGHER_MEANS_ID
-from etn_cli.plan import Plan, open_source
+from etn_cli.planning.plan import Plan, open_source
+from etn_cli.stages.trained_heads import pipeline_head, read_head
 from etn_cli.store.atomic import atomic_write_bytes
-from etn_cli.trained_heads import pipeline_head, read_head
 
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
 INPUT_KINDS = {"torchvision": ("images", "split"), "hf_causal_lm": ("questions", "split")}

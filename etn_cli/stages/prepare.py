@@ -5,7 +5,7 @@ The backbone names the folder (:meth:`~etn_cli.backbones.base.Backbone.cache_fol
 by its settings) and builds into it (``build_cache``); the unit driver (:mod:`etn_cli.stages.units`)
 does the rest. Its line stands outside the run's ``[k/N]``: ``etn status`` counts no backbone.
 A built backbone's fingerprint names its weights, so the plan, made while it was not built, is
-made again with it (:func:`etn_cli.plan.replan`): the feature keys follow the weights.
+made again with it (:func:`etn_cli.planning.plan.replan`): the feature keys follow the weights.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import DamagedArtefact, EtnError
-from etn_cli.plan import Plan, replan
+from etn_cli.planning.plan import Plan, replan
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.units import Unit, build_unit
 from etn_cli.store.artefacts.records import files_damage, intact_record, read_record

@@ -24,7 +24,7 @@ def prompt_record(plan: Any) -> dict[str, Any]:
         manifest = load_manifest(unit.path)
         if "example_prompt" in manifest:
             return {**manifest, "from": f"the manifest of {unit.path.name}"}
-    from etn_cli.plan import open_source
+    from etn_cli.planning.plan import open_source
 
     split = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
     record = plan.backbone.manifest_extras(split)

@@ -19,8 +19,8 @@ import polars as pl
 from etn_cli import progress
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.metrics.reliability import RELIABILITY_METRICS
-from etn_cli.overrides import selection
-from etn_cli.plan import Plan
+from etn_cli.planning.overrides import selection
+from etn_cli.planning.plan import Plan
 from etn_cli.provenance import etn_version, now
 from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison

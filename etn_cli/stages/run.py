@@ -15,10 +15,10 @@ from pathlib import Path
 
 from etn_cli import progress
 from etn_cli.datasets.class_check import check_planned_classes
-from etn_cli.distributed import rank_device, torchrun_world
 from etn_cli.errors import DamagedArtefact, EtnError
-from etn_cli.pipeline import expand_paths, load_pipeline
-from etn_cli.plan import FeatureUnit, Plan, make_plan
+from etn_cli.planning.pipeline import expand_paths, load_pipeline
+from etn_cli.planning.plan import FeatureUnit, Plan, make_plan
+from etn_cli.stages.distributed import rank_device, torchrun_world
 from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from etn_cli.plan import Plan
+from etn_cli.planning.plan import Plan
 from etn_cli.store.atomic import is_locked, partial_folders
 from etn_cli.store.maintenance.leftovers import TMP_FILE, peek_partial
 from etn_cli.store.writing.manifest import load_manifest, split_is_complete

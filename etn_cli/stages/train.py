@@ -23,7 +23,7 @@ from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.own_features.classifier import classifier_for, classifier_record
 from etn_cli.own_features.folders import OWN_RECORD, remember_own_folders
-from etn_cli.plan import FeatureUnit, HeadUnit, Plan
+from etn_cli.planning.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.head_inputs import check_head_inputs
 from etn_cli.stages.result import StageResult

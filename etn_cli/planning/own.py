@@ -8,8 +8,8 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.own_features import units
-from etn_cli.pipeline import Pipeline
-from etn_cli.plan_units import FeatureUnit, Plan, group_of
+from etn_cli.planning.pipeline import Pipeline
+from etn_cli.planning.units import FeatureUnit, Plan, group_of
 
 
 def ood_names(entries: tuple[str, ...], where: Path) -> dict[str, str]:

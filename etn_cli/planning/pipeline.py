@@ -202,7 +202,8 @@ class Pipeline:
     device: str = "auto"
     # what the command line changed: ``--set KEY=VALUE`` overrides and ``--only`` heads; a
     # run whose options change the pipeline reports into its own folder, named by the key of
-    # the pipeline they give (:func:`etn_cli.overrides.selection_key`; None: the file as is)
+    # the pipeline they give (:func:`~etn_cli.planning.overrides.selection_key`; None: the
+    # file as is)
     overrides: tuple[str, ...] = ()
     only: tuple[str, ...] = ()
     selection_key: str | None = None
@@ -242,9 +243,9 @@ def load_pipeline(
     """Parse and check a pipeline file; every problem is one EtnError naming file and key.
 
     ``overrides`` are ``--set KEY=VALUE`` strings applied to the file's tables before it is
-    checked (:func:`etn_cli.overrides.apply_overrides`); ``only`` keeps the heads of those
+    checked (:func:`etn_cli.planning.overrides.apply_overrides`); ``only`` keeps the heads of those
     names or labels (``--only etn,map``)."""
-    from etn_cli.overrides import apply_overrides, keep_heads, selection_key
+    from etn_cli.planning.overrides import apply_overrides, keep_heads, selection_key
 
     path = Path(path)
     if not path.is_file():
@@ -268,8 +269,8 @@ def check_names(pipeline: Pipeline) -> None:
     """The heads (with their settings), the backbone and the datasets ``pipeline`` names exist,
     checked from the registries' tables: no head, backbone or dataset is imported, nor torch,
     so a misspelt name or setting is one line in milliseconds. Planning
-    (:func:`etn_cli.plan.make_plan`) checks the same first, with the same lines, and then what
-    needs the sources themselves (their splits, their files)."""
+    (:func:`etn_cli.planning.plan.make_plan`) checks the same first, with the same lines, and
+    then what needs the sources themselves (their splits, their files)."""
     from etn_cli.backbones import backbones
     from etn_cli.datasets import datasets
     from etn_cli.heads import heads, settings_of

@@ -29,9 +29,9 @@ from etn_cli.errors import EtnError
 from etn_cli.heads.base import HEAD_FORMAT
 from etn_cli.heads.calibration import CALIBRATION_VERSION
 from etn_cli.own_features.units import drop_unusable
-from etn_cli.pipeline import HeadSpec, Pipeline, check_groups
-from etn_cli.plan_own import own_features
-from etn_cli.plan_units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
+from etn_cli.planning.own import own_features
+from etn_cli.planning.pipeline import HeadSpec, Pipeline, check_groups
+from etn_cli.planning.units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
 from etn_cli.store.artefacts.records import intact_record
 from etn_cli.store.content import use_data_dir
 from etn_cli.store.fingerprint import fingerprint_key

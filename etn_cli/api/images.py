@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from etn_cli.api.evidential_model import ImageClassifierFeatures
 from etn_cli.datasets.image_folder import Listing, list_file, list_folder
 from etn_cli.datasets.imagenet import ImageFiles
 from etn_cli.errors import EtnError
-from etn_cli.evidential_model import ImageClassifierFeatures
 
 
 class ImageFolder(ImageFiles):

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from etn_cli.backbones.image_inputs import collate_images
+from etn_cli.backbones.prompts import PromptTemplate, resolve_template
 from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head
-from etn_cli.prompts import PromptTemplate, resolve_template
 
 
 def check_head_fits(head: Head, hidden_size: int, num_classes: int, backbone: str) -> None:
@@ -128,9 +128,9 @@ class EvidentialModel(nn.Module):
     ) -> EvidentialModel:
         """A Hugging Face causal LM answering multiple-choice questions with ``letters``.
         Inputs are question dicts (``question``, ``choices``, optional ``context``), rendered
-        with ``template`` (a name of :data:`etn_cli.prompts.TEMPLATES` or a format string) and
-        ``choice_line``, or prompt strings ending where the answer letter follows; one input or
-        a list. The tokenizer is used as it is and never changed."""
+        with ``template`` (a name of :data:`etn_cli.backbones.prompts.TEMPLATES` or a format
+        string) and ``choice_line``, or prompt strings ending where the answer letter follows;
+        one input or a list. The tokenizer is used as it is and never changed."""
         template_ = resolve_template(template, choice_line)
         features = MultipleChoiceFeatures(model, tokenizer, letters, template_, max_length, layers)
         return cls(features, head)
@@ -148,7 +148,7 @@ class EvidentialModel(nn.Module):
         """The pipeline's backbone (with its ``etn finetune`` weights or adapter, its
         preprocessing or prompt template) and its trained head ``head`` for ``seed``."""
         from etn_cli.stages.extract import load_backbone
-        from etn_cli.trained_heads import pipeline_head, plan_of, read_head
+        from etn_cli.stages.trained_heads import pipeline_head, plan_of, read_head
 
         plan = plan_of(pipeline, data_dir)
         trained = read_head(pipeline_head(plan, head, seed).path)

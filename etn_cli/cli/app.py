@@ -1,8 +1,8 @@
 """The ``etn`` command: parse options, load the pipeline, call one stage, exit.
 
-This module is the list of commands; they live in :mod:`etn_cli.cli_build` (those that build
-units) and :mod:`etn_cli.cli_inspect` (those that look at them), their shared options in
-:mod:`etn_cli.cli_options`. Heavy libraries (torch, h5py, polars) are imported inside the
+This module is the list of commands; they live in :mod:`etn_cli.cli.build` (those that build
+units) and :mod:`etn_cli.cli.inspect` (those that look at them), their shared options in
+:mod:`etn_cli.cli.options`. Heavy libraries (torch, h5py, polars) are imported inside the
 commands, so ``--help`` is fast. Usage errors are one line on stderr and exit status 2; domain
 errors (:class:`EtnError`) are one line too; only a bug keeps its traceback.
 """
@@ -14,8 +14,9 @@ from typing import Annotated
 
 import typer
 
-from etn_cli import cli_build, cli_inspect
-from etn_cli.cli_options import fail, one_line
+from etn_cli.cli import build as cli_build
+from etn_cli.cli import inspect as cli_inspect
+from etn_cli.cli.options import fail, one_line
 from etn_cli.errors import EtnError
 from etn_cli.progress import write_line
 

@@ -1,6 +1,6 @@
 """The ``etn`` commands that look at what was built and compute nothing: ``report``,
 ``verify``, ``ls`` and ``status`` (``report`` writes its tables and plots, nothing else).
-:mod:`etn_cli.cli` registers them.
+:mod:`etn_cli.cli.app` registers them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from etn_cli.cli_build import checked_pipeline, load_plan
-from etn_cli.cli_options import (
+from etn_cli.cli.build import checked_pipeline, load_plan
+from etn_cli.cli.options import (
     DataDir,
     FormatOption,
     Only,
@@ -22,8 +22,8 @@ from etn_cli.cli_options import (
     choose,
     resolve_data_dir,
 )
-from etn_cli.distributed import refuse_under_torchrun
 from etn_cli.errors import EtnError
+from etn_cli.stages.distributed import refuse_under_torchrun
 
 LISTINGS = ("heads", "backbones", "datasets", "pipelines")
 

@@ -29,12 +29,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from etn_cli.api.evidential_model import EvidentialModel, EvidentialOutput
 from etn_cli.errors import EtnError
-from etn_cli.evidential_model import EvidentialModel, EvidentialOutput
 from etn_cli.heads import heads
 from etn_cli.heads.base import Head, Prediction
 from etn_cli.heads.etn import ETN
-from etn_cli.trained_heads import find_head_folder, pipeline_head, plan_of, read_head
+from etn_cli.stages.trained_heads import find_head_folder, pipeline_head, plan_of, read_head
 
 __all__ = ["ETN", "EvidentialModel", "EvidentialOutput", "Head", "Prediction"]
 __all__ += ["load_head", "make_head", "read_head"]

@@ -1,7 +1,7 @@
 """The ``etn`` commands that build units of a pipeline: ``run``, ``finetune``, ``extract``,
 ``import`` (features computed elsewhere), ``train``, ``evaluate`` and ``predict``. Each parses
-its options, plans the pipeline, calls one stage and prints what it did; :mod:`etn_cli.cli`
-registers them. :func:`load_plan` serves :mod:`etn_cli.cli_inspect` too.
+its options, plans the pipeline, calls one stage and prints what it did; :mod:`etn_cli.cli.app`
+registers them. :func:`load_plan` serves :mod:`etn_cli.cli.inspect` too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from etn_cli import progress
-from etn_cli.cli_options import (
+from etn_cli.cli.options import (
     DataDir,
     Device,
     Force,
@@ -29,8 +29,8 @@ from etn_cli.cli_options import (
     only_heads,
     resolve_data_dir,
 )
-from etn_cli.distributed import is_main_process, refuse_under_torchrun
 from etn_cli.errors import EtnError
+from etn_cli.stages.distributed import is_main_process, refuse_under_torchrun
 
 
 def checked_pipeline(
@@ -39,7 +39,7 @@ def checked_pipeline(
     """Load a pipeline file and check all that needs no torch: the file, its keys and values,
     ``--set`` and ``--only``, the names it gives and its heads' settings. Every usage and
     pipeline-file error is refused here, in milliseconds, before a stage is imported."""
-    from etn_cli.pipeline import check_names, load_pipeline
+    from etn_cli.planning.pipeline import check_names, load_pipeline
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     check_names(loaded)
@@ -57,7 +57,7 @@ def load_plan(
     """Load and plan a pipeline (planning reads files and builds nothing); a ``--device``
     replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
     loaded = checked_pipeline(pipeline, overrides, only)
-    from etn_cli.plan import make_plan
+    from etn_cli.planning.plan import make_plan
 
     loaded = dataclasses.replace(loaded, device=device) if device else loaded
     return make_plan(loaded, resolve_data_dir(data_dir))  # planning never builds anything
@@ -145,7 +145,7 @@ def check_pipelines(
 ) -> None:
     """What ``etn run`` refuses before importing any stage: every file's
     :func:`checked_pipeline` and its device's name, the errors of all files in one line."""
-    from etn_cli.pipeline import expand_paths
+    from etn_cli.planning.pipeline import expand_paths
 
     errors = []
     for path in expand_paths(paths):

@@ -1,6 +1,6 @@
 """The units of work a plan is made of (cached features, a fine-tuned backbone, a trained head,
-its metrics file) and the plan that holds them; :mod:`etn_cli.plan` resolves a pipeline into
-them, :mod:`etn_cli.plan_own` for the user's own shard folders."""
+its metrics file) and the plan that holds them; :mod:`etn_cli.planning.plan` resolves a
+pipeline into them, :mod:`etn_cli.planning.own` for the user's own shard folders."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli.heads.base import Head
-from etn_cli.pipeline import Pipeline
+from etn_cli.planning.pipeline import Pipeline
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Options shared by the ``etn`` commands, the entry point's error handling and the choices
 a person types (formats, metrics, listings), each checked with a "did you mean".
 
-Kept apart from :mod:`etn_cli.cli` so the commands read as a list of what etn does.
+Kept apart from :mod:`etn_cli.cli.app` so the commands read as a list of what etn does.
 """
 
 from __future__ import annotations

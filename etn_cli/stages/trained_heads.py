@@ -1,8 +1,9 @@
 """Finding the heads ``etn train`` wrote: by folder, by folder name under a data directory, or
 by a pipeline's head name (or report label) and seed; and loading one without unpickling.
 
-The Python API (:mod:`etn_cli.api`), :class:`~etn_cli.evidential_model.EvidentialModel` and
-``etn predict`` share these; nothing here imports torch until a head is loaded.
+The Python API (:mod:`etn_cli.api.heads`),
+:class:`~etn_cli.api.evidential_model.EvidentialModel` and ``etn predict`` share these;
+nothing here imports torch until a head is loaded.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head
-from etn_cli.plan import HeadUnit, Plan
+from etn_cli.planning.plan import HeadUnit, Plan
 from etn_cli.store.storage import default_data_dir
 
 
@@ -53,8 +54,8 @@ def read_head(folder: str | Path) -> Head:
 def plan_of(pipeline: str | Path, data_dir: str | Path | None) -> Plan:
     """The plan of a pipeline whose trained heads are read: nothing is built (a digits CNN not
     trained yet leaves its heads untrained, which :func:`pipeline_head` then says)."""
-    from etn_cli.pipeline import load_pipeline
-    from etn_cli.plan import make_plan
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
 
     return make_plan(load_pipeline(Path(pipeline)), data_directory(data_dir))
 

@@ -1,0 +1,1 @@
+"""The command line: ``etn`` and its commands (typer), options and refusals."""
