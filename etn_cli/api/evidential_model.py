@@ -1,4 +1,4 @@
-"""One ``torch.nn.Module`` for a backbone and a trained head (README "Python API").
+"""One ``torch.nn.Module`` for a backbone and a trained head (docs/api.md).
 
 :class:`EvidentialModel` runs the backbone once per batch, reads the same two things
 ``etn extract`` stores (the last hidden state ``h`` (B, D) and the logits ``z`` (B, C), plus

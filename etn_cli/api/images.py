@@ -1,7 +1,7 @@
 """Your own images in Python: :class:`ImageFolder` and :func:`image_features`.
 
 The Python twins of ``dataset = "image_folder"`` and ``etn extract`` for an image classifier
-(README "Your own model")::
+(docs/own-data.md)::
 
     adapt = etn_cli.ImageFolder("my_images/adapt", classes="my_images/classes.txt")
     hidden, logits, labels = etn_cli.image_features(model, adapt, transform)

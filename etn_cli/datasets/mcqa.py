@@ -154,7 +154,8 @@ class MCQASource(DatasetSource):
         raise EtnError(
             f"Dataset {self.name!r} split {split!r}: no files found (looked for {looked}) and the "
             "Hugging Face `datasets` library is not installed. Put the split there in the "
-            f"README's MCQA schema (set [data] root), or `pip install datasets` to read "
+            "schema of docs/own-data.md ('Multiple-choice questions'; set [data] root), or "
+            "`pip install datasets` to read "
             f"{part.hf[0]} ({part.hf[1]}) from the Hugging Face hub."
         )
 
@@ -189,7 +190,7 @@ def read_hf(part: Part, split: str) -> tuple[list[Question], dict[str, Any]] | N
         raise EtnError(
             f"Could not read {path} ({config}, split {split}) with the Hugging Face datasets "
             f"library: {reason}. Download it once online (HF_DATASETS_OFFLINE unset), or put "
-            "the files under [data] root as the README describes."
+            "the files under [data] root as docs/own-data.md describes."
         ) from None
     from etn_cli.datasets.mcqa_files import parse_record
 

@@ -31,7 +31,7 @@ from etn_cli.errors import EtnError
 
 LETTERS = tuple(string.ascii_uppercase)
 SUFFIXES = (".jsonl", ".parquet", ".csv")
-FIX = "Fix the record or see the README's MCQA file schema."
+FIX = "Fix the record or see docs/own-data.md ('Multiple-choice questions')."
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ constant: ``softmax(z + c) = softmax(z)``, so where the logits sit on the real l
 accident of training (bias initialisation, weight decay). ETN's evidence
 ``alpha = softplus(a (z + c)) + b`` is not invariant to it: the softplus hinge sits at 0, so the
 constant decides which logits count as evidence. On the digits default, shifting every logit
-by the same constant moves ETN's OOD AUPR(MP) by up to 5 points (README "When ETN helps",
+by the same constant moves ETN's OOD AUPR(MP) by up to 5 points (docs/methods.md, "When ETN helps",
 ``studies/when_etn_helps.py``), and the paper's setting (``c = 0``) is not where ETN's own
 adaptation loss is lowest.
 

@@ -32,7 +32,7 @@ from etn_cli.store.sizes import check_declared
 SUFFIXES = (".npz", ".safetensors", ".h5", ".hdf5")
 REQUIRED = ("hidden", "logits")
 OPTIONAL = ("labels", "index", "weight", "bias")
-FIX = "See the README's 'Features you computed yourself' for the format."
+FIX = "See docs/own-data.md ('Features you computed yourself') for the format."
 
 
 @dataclass

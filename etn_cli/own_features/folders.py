@@ -52,7 +52,8 @@ def own_folder_key(folder: Path, record: Path) -> tuple[str, dict[str, Any]]:
     shards = sorted(p for p in folder.glob("*.h5") if p.is_file())
     if not shards:
         raise EtnError(
-            f"Feature folder {folder} holds no *.h5 shards. See the README's shard format."
+            f"Feature folder {folder} holds no *.h5 shards. See docs/own-data.md ('Features you "
+            "computed yourself')."
         )
     seen = {p.name: {"stamp": shard_stamp(p), "sha256": file_sha256(p)} for p in shards}
     earlier = read_record(record).get(os.path.realpath(folder), {})

@@ -168,7 +168,7 @@ def _check_apart(pipeline: Pipeline) -> None:
         return
     both = path or f"{data.id}:{data.adapt}"
     fix = (
-        'Split it in two (README, "Your own model", shows how for an image list) and name one '
+        'Split it in two (docs/own-data.md, "An OpenOOD image list", shows how) and name one '
         "in adapt, the other in test."
         if path is not None
         else f"Name another split of {data.id!r} in test."

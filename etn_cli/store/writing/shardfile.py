@@ -88,7 +88,8 @@ def list_shard_files(split_dir: Path) -> list[str]:
     if not files:
         raise EtnError(
             f"Expected shard files (*.h5) or a manifest.json in {split_dir}, found neither. "
-            "Run etn extract for this split, or write shards as described in the README."
+            "Run etn extract for this split, or write shards as docs/own-data.md ('Features you "
+            "computed yourself') describes."
         )
     return sorted(files, key=_natural_key)
 
