@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 import torch
-import torch._dynamo  # noqa: F401 - see below
+import torch._dynamo
 
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads
@@ -101,7 +101,7 @@ def product_rate(repeats: int = 50) -> float:
 
 def counted_flops(make_head, data: tuple, epochs: int | None) -> float:
     """Matrix-product FLOPs of one fit (eager: compiled kernels are elementwise work)."""
-    from torch.utils.flop_counter import FlopCounterMode  # noqa: PLC0415
+    from torch.utils.flop_counter import FlopCounterMode
 
     h, z, y, classifier, layers = data
     head = make_head({"epochs": epochs} if epochs else {})
@@ -168,7 +168,7 @@ def main() -> None:
         settings = {k: v for k, v in shape_settings.items() if k in fields}
         settings |= SHAPE_HEADS.get(args.shape, {}).get(name, {})
 
-        def make_head(extra: dict, cls=cls, settings=settings, variant=variant):  # noqa: ANN001, ANN202
+        def make_head(extra: dict, cls=cls, settings=settings, variant=variant):
             return cls(**settings | extra, **({"variant": variant} if variant else {}))
 
         head = make_head({})
@@ -195,7 +195,7 @@ def main() -> None:
         print(f"{entry:<16} {fit_s:>9.2f} {fit_s / etn_s:>7.2f} {predict_s:>10.3f} "
               f"{per_row_us:>8.1f} {ratio:>10.0f}{floor}", flush=True)  # fmt: skip
     if args.shape == "imagenet" and not args.no_scorers:  # scorers with ImageNet-scale statistics
-        import bench_scorers  # noqa: PLC0415 - the script beside this one
+        import bench_scorers
 
         shape = dataclasses.replace(bench_scorers.SHAPES["imagenet"], fit_rows=args.fit_rows)
         bench_scorers.run(shape, ["map", "energy", "mahalanobis", *SCORERS])

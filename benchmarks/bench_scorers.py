@@ -123,7 +123,7 @@ def peers(shape: Shape, fit: tuple, test: tuple, clf: dict) -> dict[str, Callabl
     maps = ht[:, :, None, None]
     rows_all = len(ht)
 
-    def config(name: str):  # noqa: ANN202
+    def config(name: str):
         return heads.get(name)().config
 
     def head(x: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ DIGITS = {
 }  # fmt: skip
 
 
-def lowest_loss(head_name: str, settings: dict, features, classifier) -> float:  # noqa: ANN001
+def lowest_loss(head_name: str, settings: dict, features, classifier) -> float:
     head = heads.get(head_name)(**settings, select="loss")
     head.fit(
         features.hidden, features.logits, features.labels, classifier=classifier,
@@ -44,7 +44,7 @@ def lowest_loss(head_name: str, settings: dict, features, classifier) -> float: 
     return min(k["loss"] for k in kept) if isinstance(kept, list) else kept["loss"]
 
 
-def static_line_search(features, b: float = 1.0, nu: float = 1e4) -> tuple[float, float]:  # noqa: ANN001
+def static_line_search(features, b: float = 1.0, nu: float = 1e4) -> tuple[float, float]:
     z = torch.from_numpy(features.logits).double()
     y = torch.from_numpy(features.labels)
     grid = np.arange(-6.0, 17.0, 0.005)

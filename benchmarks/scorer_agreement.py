@@ -63,7 +63,7 @@ def peers(fit: object, clf: dict) -> dict[str, tuple[Callable, str]]:
     def head(x: torch.Tensor) -> torch.Tensor:
         return linear(x.flatten(1))
 
-    def config(name: str):  # noqa: ANN202
+    def config(name: str):
         return heads.get(name)().config
 
     maps = h[:, :, None, None]

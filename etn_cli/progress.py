@@ -66,7 +66,7 @@ class _Stderr(logging.StreamHandler):
     """A handler writing to whatever ``sys.stderr`` is when a line is written."""
 
     @property
-    def stream(self) -> Any:  # noqa: D102
+    def stream(self) -> Any:
         return sys.stderr
 
     @stream.setter

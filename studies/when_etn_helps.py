@@ -80,7 +80,7 @@ def ood_row(score_of: Callable[[str], dict], score: str = "mp") -> list[float]:
 FITTED: dict = {}  # (shift name, seed) -> head: the plain ETN is fitted once per seed
 
 
-def fit_etn(splits: dict, settings: dict, seed: int, shift: Shift, name: str):  # noqa: ANN201
+def fit_etn(splits: dict, settings: dict, seed: int, shift: Shift, name: str):
     """The paper's ETN fitted on ``shift(z)``; ``name`` starting with ``offset`` fits the
     ``etn_offset`` variant instead."""
     if (name, seed) not in FITTED:
@@ -106,7 +106,7 @@ def etn_rows(splits: dict, settings: dict, seeds: list[int], shift: Shift, name:
     return np.asarray(rows)
 
 
-def adaptation_loss(head, adapt: tuple, shift: Shift) -> float:  # noqa: ANN001
+def adaptation_loss(head, adapt: tuple, shift: Shift) -> float:
     """ETN's loss (paper Eq. 8) averaged over the adaptation split, on the logits the head
     predicts on (its fitted offset included), with the MC draws fixed by the seed."""
     import torch
@@ -153,7 +153,7 @@ def margin_table(splits: dict, settings: dict, seeds: list[int]) -> list[str]:
     ]
 
 
-def _tensor(h: np.ndarray):  # noqa: ANN202
+def _tensor(h: np.ndarray):
     import torch
 
     return torch.as_tensor(h, dtype=torch.float32)

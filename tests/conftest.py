@@ -184,29 +184,29 @@ def meta_as_accelerator(monkeypatch):
     def ones(t: torch.Tensor) -> torch.Tensor:  # ones: positive where values must be
         return torch.ones(t.shape, dtype=t.dtype, device="cpu")
 
-    def cpu(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def cpu(self, *args, **kwargs):
         return ones(self) if self.is_meta else real_cpu(self, *args, **kwargs)
 
-    def to(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def to(self, *args, **kwargs):
         target = kwargs.get("device", args[0] if args else None)
         if self.is_meta and isinstance(target, str | torch.device):
             if torch.device(target).type == "cpu":
                 return real_to(ones(self), *args, **kwargs)
         return real_to(self, *args, **kwargs)
 
-    def item(self):  # noqa: ANN001, ANN202
+    def item(self):
         return real_item(ones(self)) if self.is_meta else real_item(self)
 
-    def tolist(self, real=torch.Tensor.tolist):  # noqa: ANN001, ANN202
+    def tolist(self, real=torch.Tensor.tolist):
         return real(ones(self)) if self.is_meta else real(self)
 
-    def truth(self, real=torch.Tensor.__bool__):  # noqa: ANN001, ANN202
+    def truth(self, real=torch.Tensor.__bool__):
         return bool(real_item(ones(self))) if self.is_meta else real(self)
 
-    def number(self, real=torch.Tensor.__float__):  # noqa: ANN001, ANN202
+    def number(self, real=torch.Tensor.__float__):
         return float(real_item(ones(self))) if self.is_meta else real(self)
 
-    def integer(self, real=torch.Tensor.__int__):  # noqa: ANN001, ANN202
+    def integer(self, real=torch.Tensor.__int__):
         return int(real_item(ones(self))) if self.is_meta else real(self)
 
     readbacks = {"cpu": cpu, "to": to, "item": item, "tolist": tolist, "__bool__": truth}

@@ -454,7 +454,7 @@ def run_etn(args: list[str]) -> tuple[int, str, str]:
                 code = 0
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else 1
-            except BaseException as error:  # a bug: what the case is looking for  # noqa: BLE001
+            except BaseException as error:  # a bug: what the case is looking for
                 code, escaped = -1, "".join(traceback.format_exception(error))
     return code, without_progress(err.getvalue()), escaped
 

@@ -67,7 +67,7 @@ def metric(folder: Path, head: str, eval_set: str, name: str, score: str | None)
     return row["value"].item()
 
 
-def assert_rows_match(frame: pl.DataFrame, prediction, letters=None, atol: float = 0.0) -> None:  # noqa: ANN001
+def assert_rows_match(frame: pl.DataFrame, prediction, letters=None, atol: float = 0.0) -> None:
     """Every probability and score column of ``frame`` equals ``prediction`` row by row."""
     names = letters or [str(k) for k in range(prediction.probs.shape[1])]
     assert frame["prediction"].to_list() == prediction.predictions.tolist()
@@ -79,7 +79,7 @@ def assert_rows_match(frame: pl.DataFrame, prediction, letters=None, atol: float
 
 # ------------------------------------------------------------------------- digits
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def digits(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("digits")
     pipeline = write(root, "tiny", DIGITS.format(name="tiny", etn_epochs=2))
     code, output = etn("run", pipeline, "--data-dir", root / "data")
@@ -88,7 +88,7 @@ def digits(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     return pipeline, root / "data", plan
 
 
-def test_array_api_fits_the_same_head_as_the_cli_on_the_cached_features(digits) -> None:  # noqa: ANN001
+def test_array_api_fits_the_same_head_as_the_cli_on_the_cached_features(digits) -> None:
     pipeline, data, plan = digits
     adapt, test = read_split(plan.adapt.path), read_split(plan.test.path)
     mine = etn_cli.ETN(epochs=2, batch_size=64, seed=0).fit(
@@ -111,7 +111,7 @@ def test_array_api_fits_the_same_head_as_the_cli_on_the_cached_features(digits) 
     assert made.config == mine.config and isinstance(made, etn_cli.ETN)
 
 
-def test_load_head_by_folder_name_and_pipeline_give_the_same_head(digits) -> None:  # noqa: ANN001
+def test_load_head_by_folder_name_and_pipeline_give_the_same_head(digits) -> None:
     pipeline, data, plan = digits
     unit = next(u for u in plan.heads if u.head.name == "etn")
     test = read_split(plan.test.path)
@@ -127,10 +127,10 @@ def test_load_head_by_folder_name_and_pipeline_give_the_same_head(digits) -> Non
         np.testing.assert_array_equal(head.predict(test.hidden, test.logits).probs, first)
 
 
-def test_loading_a_head_never_unpickles(digits, monkeypatch) -> None:  # noqa: ANN001
+def test_loading_a_head_never_unpickles(digits, monkeypatch) -> None:
     _, data, _ = digits
 
-    def refuse(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def refuse(*args, **kwargs):
         raise AssertionError("unpickling")
 
     for module, name in ((pickle, "load"), (pickle, "loads"), (torch, "load")):
@@ -139,7 +139,7 @@ def test_loading_a_head_never_unpickles(digits, monkeypatch) -> None:  # noqa: A
         assert etn_cli.load_head(name, data_dir=data).n_classes_ == 7
 
 
-def test_load_head_explains_missing_ambiguous_and_untrained_heads(digits, tmp_path) -> None:  # noqa: ANN001
+def test_load_head_explains_missing_ambiguous_and_untrained_heads(digits, tmp_path) -> None:
     pipeline, data, plan = digits
     with pytest.raises(EtnError, match=r"no head 'etm'\. Did you mean: etn"):
         etn_cli.load_head(pipeline=pipeline, head="etm", data_dir=data)
@@ -170,7 +170,7 @@ def test_load_head_explains_missing_ambiguous_and_untrained_heads(digits, tmp_pa
 
 
 @pytest.mark.parametrize("head", ["etn", "map", "mahalanobis", "odin", "dmm"])
-def test_predict_on_the_test_split_reproduces_the_cached_predictions(digits, tmp_path, head):  # noqa: ANN001
+def test_predict_on_the_test_split_reproduces_the_cached_predictions(digits, tmp_path, head):
     """Every head, including those reading pooled layers (dmm) and ODIN's perturbed logits."""
     pipeline, data, plan = digits
     out = tmp_path / "preds.parquet"
@@ -189,7 +189,7 @@ def test_predict_on_the_test_split_reproduces_the_cached_predictions(digits, tmp
     np.testing.assert_allclose(frame["probability"].to_numpy(), chosen, rtol=1e-6)
 
 
-def test_predict_outputs_reproduce_the_evaluated_aupr(digits, tmp_path) -> None:  # noqa: ANN001
+def test_predict_outputs_reproduce_the_evaluated_aupr(digits, tmp_path) -> None:
     pipeline, data, _ = digits
     frames = {}
     for split in ("digits:test", "digits_unseen"):  # a bare name means its test split
@@ -209,7 +209,7 @@ def test_predict_outputs_reproduce_the_evaluated_aupr(digits, tmp_path) -> None:
         assert average_precision_score(is_id, values) == pytest.approx(expected, abs=1e-9)
 
 
-def test_thresholds_flag_rows_below_mp_and_above_mi(digits, tmp_path) -> None:  # noqa: ANN001
+def test_thresholds_flag_rows_below_mp_and_above_mi(digits, tmp_path) -> None:
     pipeline, data, plan = digits
     test = read_split(plan.test.path)
     scores = etn_cli.load_head("etn", data_dir=data).predict(test.hidden, test.logits).scores
@@ -225,7 +225,7 @@ def test_thresholds_flag_rows_below_mp_and_above_mi(digits, tmp_path) -> None:  
     assert code == 0 and f"{(low_mp | high_mi).sum()} flagged" in output
 
 
-def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_path) -> None:  # noqa: ANN001
+def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_path) -> None:
     pipeline, data, _ = digits
     out = tmp_path / "p.parquet"
     questions = tmp_path / "q.jsonl"
@@ -262,7 +262,7 @@ def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_
     assert done.stderr.startswith("error: Pipeline") and not out.exists()
 
 
-def test_the_wrapper_runs_the_digits_cnn_once_and_equals_extract_then_predict(digits) -> None:  # noqa: ANN001
+def test_the_wrapper_runs_the_digits_cnn_once_and_equals_extract_then_predict(digits) -> None:
     pipeline, data, plan = digits
     from etn_cli.datasets import datasets
 
@@ -314,7 +314,7 @@ batch_size = 8
 
 
 @pytest.fixture(scope="module")
-def vision(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def vision(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("vision")
     pipeline = write(root, "tv", VISION)
     code, output = etn("run", pipeline, "--data-dir", root / "data")
@@ -324,7 +324,7 @@ def vision(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     return pipeline, root / "data", plan, [split.data[i][0] for i in range(len(split))]
 
 
-def test_a_torchvision_model_and_head_equal_extract_then_predict(vision) -> None:  # noqa: ANN001
+def test_a_torchvision_model_and_head_equal_extract_then_predict(vision) -> None:
     pipeline, data, plan, images = vision
     test = read_split(plan.test.path)
     head = etn_cli.load_head(pipeline=pipeline, data_dir=data)
@@ -347,7 +347,7 @@ def test_a_torchvision_model_and_head_equal_extract_then_predict(vision) -> None
         etn_cli.EvidentialModel.from_torchvision(resnet, head)(images)
 
 
-def test_a_head_of_another_backbone_is_refused(vision, digits) -> None:  # noqa: ANN001
+def test_a_head_of_another_backbone_is_refused(vision, digits) -> None:
     _, _, plan, _ = vision
     _, data, _ = digits
     digits_head = etn_cli.load_head("etn", data_dir=data)
@@ -357,7 +357,7 @@ def test_a_head_of_another_backbone_is_refused(vision, digits) -> None:  # noqa:
         etn_cli.EvidentialModel.from_torchvision(plan.backbone.model, etn_cli.ETN())
 
 
-def test_predict_reads_an_image_folder_recursively(vision, tmp_path) -> None:  # noqa: ANN001
+def test_predict_reads_an_image_folder_recursively(vision, tmp_path) -> None:
     pipeline, data, plan, images = vision
     for i, image in enumerate(images):  # lossless PNGs of the test split, in nested folders
         folder = tmp_path / "imgs" / ("even" if i % 2 == 0 else "odd/deeper")
@@ -394,7 +394,7 @@ def test_predict_reads_an_image_folder_recursively(vision, tmp_path) -> None:  #
 
 # ------------------------------------------------------------------------- causal LM
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def llm(tmp_path_factory: pytest.TempPathFactory):
     from llm_fixtures import make_llama
 
     root = tmp_path_factory.mktemp("llm")
@@ -427,7 +427,7 @@ prior_mode = 100
     return pipeline, root / "data", make_plan(load_pipeline(pipeline), root / "data"), model
 
 
-def test_a_causal_lm_and_head_equal_extract_then_predict(llm) -> None:  # noqa: ANN001
+def test_a_causal_lm_and_head_equal_extract_then_predict(llm) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from etn_cli.datasets import datasets
@@ -455,7 +455,7 @@ def test_a_causal_lm_and_head_equal_extract_then_predict(llm) -> None:  # noqa: 
         model({"question": "?", "choices": ["a", "b", "c", "d", "e"]})
 
 
-def test_predict_reads_questions_from_jsonl(llm, tmp_path) -> None:  # noqa: ANN001
+def test_predict_reads_questions_from_jsonl(llm, tmp_path) -> None:
     """Questions of two lengths, interleaved: the backbone batches them longest first, and
     the rows come back in file order."""
     from llm_fixtures import write_jsonl

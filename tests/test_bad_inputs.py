@@ -539,7 +539,7 @@ ENVIRONMENT_CASES = ("data directory that is not writable", "disk that fills up"
 
 
 @pytest.fixture
-def read_only(tmp_path: Path):  # noqa: ANN201
+def read_only(tmp_path: Path):
     """A data directory nobody may write to; as root, the immutable attribute does it."""
     data = tmp_path / "data"
     data.mkdir()

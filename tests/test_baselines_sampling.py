@@ -258,7 +258,7 @@ def backbone(tmp_path_factory) -> digits_cnn.DigitsCNNBackbone:
     return built(SMALL, tmp_path_factory.mktemp("cache"))
 
 
-def built(config: digits_cnn.Config, cache, device: str = "cpu") -> digits_cnn.DigitsCNNBackbone:  # noqa: ANN001
+def built(config: digits_cnn.Config, cache, device: str = "cpu") -> digits_cnn.DigitsCNNBackbone:
     """The backbone with its weights trained (or found) by stage zero, as ``etn extract``."""
     from etn_cli.stages.prepare import prepared
 

@@ -84,7 +84,7 @@ def test_rerun_of_a_finished_pipeline_does_no_work(finished: tuple[Path, Path, s
     assert changed == []
 
 
-def test_changing_one_head_setting_redoes_only_that_head(tmp_path: Path, finished) -> None:  # noqa: ANN001
+def test_changing_one_head_setting_redoes_only_that_head(tmp_path: Path, finished) -> None:
     _, data, _ = finished
     pipeline = write_pipeline(tmp_path, etn_epochs=4)
     code, output = etn("run", pipeline, "--data-dir", data)
@@ -121,7 +121,7 @@ def test_report_reads_parquet_files_directly(finished: tuple[Path, Path, str]) -
         etn("report", *everything)
 
 
-def test_a_bad_pipeline_refuses_the_batch_before_any_work(tmp_path: Path, finished) -> None:  # noqa: ANN001
+def test_a_bad_pipeline_refuses_the_batch_before_any_work(tmp_path: Path, finished) -> None:
     _, data, _ = finished
     write_pipeline(tmp_path, "good")
     bad = tmp_path / "bad.toml"
@@ -222,7 +222,7 @@ def test_bad_input_is_one_line_on_stderr_with_exit_status_2(tmp_path: Path) -> N
 def test_a_terminal_gets_tqdm_bars_and_a_log_gets_none(
     tmp_path: Path,
     finished,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from cli_runner import fresh_data
 
@@ -298,7 +298,7 @@ def test_a_terminal_shows_one_line_per_unit_and_a_started_line_only_for_slow_one
             assert lines[0].endswith("[1/2] train    ETN seed 0: started")
 
 
-def test_the_run_counts_the_units_status_lists_and_logs_the_backbone(finished) -> None:  # noqa: ANN001
+def test_the_run_counts_the_units_status_lists_and_logs_the_backbone(finished) -> None:
     pipeline, data, output = finished
     totals = set(re.findall(r"\[\s*\d+/(\d+)\] ", output))
     _, status = etn("status", pipeline, "-d", data)

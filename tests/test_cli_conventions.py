@@ -279,7 +279,7 @@ def test_help_version_and_completion_are_there() -> None:
     assert version.returncode == 0 and version.stdout.startswith("etn ")
 
 
-def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> None:  # noqa: ANN001
+def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> None:
     pipeline, _, done = finished
     err = done.stderr
     assert "\r" not in err and "\x1b[" not in err  # no bars, no colour in a log
@@ -300,7 +300,7 @@ def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> N
     assert closing.startswith("ok conv.toml (") and len(closing) <= 100, lines[-1]
 
 
-def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:  # noqa: ANN001
+def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:
     pipeline, data, _ = finished
     quiet = etn("run", pipeline, "-d", data, "-q")
     assert quiet.returncode == 0 and quiet.stderr == ""
@@ -315,7 +315,7 @@ def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:  # 
     assert "extract  far (ood): skipped, your own features" in verbose.stderr
 
 
-def test_the_default_table_fits_100_columns_and_shows_calibration(finished) -> None:  # noqa: ANN001
+def test_the_default_table_fits_100_columns_and_shows_calibration(finished) -> None:
     pipeline, data, _ = finished
     out = etn("report", pipeline, "-d", data).stdout
     assert max(len(line) for line in out.splitlines()) <= 100
@@ -341,7 +341,7 @@ def in_process(*args: object) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-def test_every_format_parses(finished) -> None:  # noqa: ANN001
+def test_every_format_parses(finished) -> None:
     pipeline, data, _ = finished
     run = lambda *a: etn("report", pipeline, "-d", data, *a).stdout  # noqa: E731
     csv = pl.read_csv(run("-f", "csv").encode())
@@ -359,7 +359,7 @@ def test_every_format_parses(finished) -> None:  # noqa: ANN001
     assert results["etn_version"] and len(results["metrics_keys"]) == 4
 
 
-def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # noqa: ANN001
+def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:
     pipeline, data, _ = finished
     for metric in ("aupr", "auroc", "fpr95", "acc", "ece", "nll", "brier", "runtime"):
         code, out = in_process("report", pipeline, "-d", data, "--metric", metric)
@@ -368,7 +368,7 @@ def test_metric_chooses_any_metric_the_evaluation_writes(finished) -> None:  # n
     assert "ECE" in ece and "NLL" in ece and "BRIER" in ece
 
 
-def test_every_metric_table_fits_100_columns_and_explains_own(finished) -> None:  # noqa: ANN001
+def test_every_metric_table_fits_100_columns_and_explains_own(finished) -> None:
     from etn_cli.report.metric_names import METRICS, RANKING
 
     pipeline, data, _ = finished
@@ -385,7 +385,7 @@ def test_every_metric_table_fits_100_columns_and_explains_own(finished) -> None:
     assert max(map(len, wide.splitlines())) > 100  # other formats keep one wide table
 
 
-def test_overrides_change_the_keys_of_exactly_the_units_they_touch(finished) -> None:  # noqa: ANN001
+def test_overrides_change_the_keys_of_exactly_the_units_they_touch(finished) -> None:
     pipeline, data, _ = finished
     plan = etn("run", pipeline, "-d", data, "--dry-run", "--set", "heads.etn.epochs=4").stdout
     building = [line.split(None, 3)[3] for line in plan.splitlines() if "would build" in line]
@@ -396,7 +396,7 @@ def test_overrides_change_the_keys_of_exactly_the_units_they_touch(finished) -> 
     assert "ETN" not in only and "MAP seed 0" in only
 
 
-def test_overrides_are_recorded_in_the_head_provenance(finished, tmp_path: Path) -> None:  # noqa: ANN001
+def test_overrides_are_recorded_in_the_head_provenance(finished, tmp_path: Path) -> None:
     pipeline, data, _ = finished
     done = etn("train", pipeline, "-d", data, "--set", "heads.etn.epochs=2", "--only", "etn")
     assert done.returncode == 0, done.stderr
@@ -405,7 +405,7 @@ def test_overrides_are_recorded_in_the_head_provenance(finished, tmp_path: Path)
     assert len(two) == 2 and "--set heads.etn.epochs=2" in two[0]["provenance"]["command"]
 
 
-def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:  # noqa: ANN001
+def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:
     from etn_cli.planning.pipeline import load_pipeline
 
     pipeline, data, _ = finished
@@ -427,7 +427,7 @@ def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:
     assert full.read_bytes() == before
 
 
-def test_the_report_folder_is_keyed_by_the_effect_of_the_options(finished) -> None:  # noqa: ANN001
+def test_the_report_folder_is_keyed_by_the_effect_of_the_options(finished) -> None:
     from etn_cli.planning.pipeline import load_pipeline
 
     pipeline, _, _ = finished
@@ -473,7 +473,7 @@ def test_the_data_directory_defaults_to_the_user_cache(project: Path, tmp_path: 
     one_line_usage_error(etn("status", project / "conv.toml", "-d", file))
 
 
-def test_report_names_its_files_and_removes_plots_it_no_longer_draws(finished) -> None:  # noqa: ANN001
+def test_report_names_its_files_and_removes_plots_it_no_longer_draws(finished) -> None:
     pipeline, data, _ = finished
     folder = data / "reports" / "conv"
     done = etn("report", pipeline, "-d", data, "--metric", "auroc")
@@ -496,7 +496,7 @@ def test_the_docs_show_the_shipped_digits_pipeline() -> None:
     assert listed.strip() == shipped.strip()
 
 
-def readme_figures():  # noqa: ANN201
+def readme_figures():
     """``benchmarks/readme_figures.py``, the script that renders the README's figure blocks."""
     import importlib.util
 

@@ -163,7 +163,7 @@ def test_an_unknown_conformal_method_or_key_is_one_line_and_exit_2(tmp_path):
         assert len(done.stderr.strip().splitlines()) == 1
 
 
-def _shards(folder, rng: np.random.Generator, n: int) -> None:  # noqa: ANN001
+def _shards(folder, rng: np.random.Generator, n: int) -> None:
     import h5py
 
     folder.mkdir(parents=True)

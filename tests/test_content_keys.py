@@ -44,7 +44,7 @@ def rewrite_keeping_size_and_time(path: Path, change: bytes) -> None:
 
 
 @pytest.fixture(autouse=True)
-def fresh_memo(tmp_path: Path):  # noqa: ANN201
+def fresh_memo(tmp_path: Path):
     """Each test with its own memo file, as one data directory."""
     content._MEMOS.clear()
     content.use_data_dir(tmp_path / "data")
@@ -52,7 +52,7 @@ def fresh_memo(tmp_path: Path):  # noqa: ANN201
     content._MEMOS.clear()
 
 
-def test_an_image_with_the_same_name_size_and_time_but_new_pixels_is_a_new_key(tmp_path) -> None:  # noqa: ANN001
+def test_an_image_with_the_same_name_size_and_time_but_new_pixels_is_a_new_key(tmp_path) -> None:
     write_images(tmp_path / "train" / "a", 2)
     write_images(tmp_path / "train" / "b", 2, value=100)
     before = key(tmp_path)
@@ -60,7 +60,7 @@ def test_an_image_with_the_same_name_size_and_time_but_new_pixels_is_a_new_key(t
     assert key(tmp_path) != before
 
 
-def test_an_image_list_is_keyed_by_the_images_it_names(tmp_path) -> None:  # noqa: ANN001
+def test_an_image_list_is_keyed_by_the_images_it_names(tmp_path) -> None:
     write_images(tmp_path / "img", 3)
     (tmp_path / "list.txt").write_text("img/i0.png 0\nimg/i1.png 1\nimg/i2.png 0\n")
     options = {"lists": {"val": "list.txt"}}
@@ -71,7 +71,7 @@ def test_an_image_list_is_keyed_by_the_images_it_names(tmp_path) -> None:  # noq
     assert before["list_sha256"] != after["list_sha256"]
 
 
-def test_a_rerun_hashes_only_what_changed(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_rerun_hashes_only_what_changed(tmp_path, monkeypatch) -> None:
     write_images(tmp_path / "train" / "a", 3)
     write_images(tmp_path / "train" / "b", 3, value=100)
     first = key(tmp_path)
@@ -91,7 +91,7 @@ def test_a_rerun_hashes_only_what_changed(tmp_path, monkeypatch) -> None:  # noq
     assert [Path(p).name for p in read] == ["i0.png"]
 
 
-def test_a_damaged_memo_is_dropped_not_trusted(tmp_path) -> None:  # noqa: ANN001
+def test_a_damaged_memo_is_dropped_not_trusted(tmp_path) -> None:
     write_images(tmp_path / "train" / "a", 2)
     write_images(tmp_path / "train" / "b", 2, value=100)
     first = key(tmp_path)
@@ -102,7 +102,7 @@ def test_a_damaged_memo_is_dropped_not_trusted(tmp_path) -> None:  # noqa: ANN00
     assert key(tmp_path) == first
 
 
-def test_a_symlink_loop_is_refused_in_one_line(tmp_path) -> None:  # noqa: ANN001
+def test_a_symlink_loop_is_refused_in_one_line(tmp_path) -> None:
     write_images(tmp_path / "train" / "dog", 2)
     write_images(tmp_path / "train" / "cat", 2)
     (tmp_path / "train" / "dog" / "loop").symlink_to(".")
@@ -111,7 +111,7 @@ def test_a_symlink_loop_is_refused_in_one_line(tmp_path) -> None:  # noqa: ANN00
     assert "\n" not in str(caught.value) and "dog/loop" in str(caught.value)
 
 
-def test_links_are_followed_once_per_real_folder_and_image(tmp_path) -> None:  # noqa: ANN001
+def test_links_are_followed_once_per_real_folder_and_image(tmp_path) -> None:
     write_images(tmp_path / "train" / "dog", 2)
     write_images(tmp_path / "train" / "cat", 2)
     write_images(tmp_path / "shared", 1, value=200)
@@ -123,7 +123,7 @@ def test_links_are_followed_once_per_real_folder_and_image(tmp_path) -> None:  #
     assert names == ["cat/again/i0.png", "cat/i0.png", "cat/i1.png", "dog/i0.png", "dog/i1.png"]
 
 
-def test_a_dangling_symlinked_image_is_refused_in_one_line(tmp_path) -> None:  # noqa: ANN001
+def test_a_dangling_symlinked_image_is_refused_in_one_line(tmp_path) -> None:
     write_images(tmp_path / "train" / "dog", 2)
     write_images(tmp_path / "train" / "cat", 2)
     (tmp_path / "train" / "cat" / "gone.png").symlink_to(tmp_path / "nowhere.png")
@@ -131,14 +131,14 @@ def test_a_dangling_symlinked_image_is_refused_in_one_line(tmp_path) -> None:  #
         key(tmp_path)
 
 
-def test_a_label_beyond_any_class_index_is_one_line(tmp_path) -> None:  # noqa: ANN001
+def test_a_label_beyond_any_class_index_is_one_line(tmp_path) -> None:
     write_images(tmp_path / "img", 1)
     (tmp_path / "list.txt").write_text("img/i0.png 100000000000000000000\n")
     with pytest.raises(EtnError, match="list.txt:1 gives label 100000000000000000000"):
         key(tmp_path, "list.txt")
 
 
-def test_inverted_test_images_of_the_same_size_are_extracted_again(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_inverted_test_images_of_the_same_size_are_extracted_again(tmp_path, capsys) -> None:
     """The attack's case: every test image inverted, sizes and times kept; the next run must
     extract the test split again, not find it up to date."""
     pipeline = vision(tmp_path, {**GOOD_TREE, "ood": 2})
@@ -154,7 +154,7 @@ def test_inverted_test_images_of_the_same_size_are_extracted_again(tmp_path, cap
     assert "image_folder.adapt: skipped" in err
 
 
-def test_bit_rot_in_your_own_shard_folder_is_refused_after_first_use(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_bit_rot_in_your_own_shard_folder_is_refused_after_first_use(tmp_path, capsys) -> None:
     pipeline = byof_pipeline(tmp_path)
     data = tmp_path / "data"
     assert etn(capsys, "run", pipeline, "-d", data)[0] == 0
@@ -170,7 +170,7 @@ def test_bit_rot_in_your_own_shard_folder_is_refused_after_first_use(tmp_path, c
     assert etn(capsys, "run", pipeline, "-d", data)[0] == 0
 
 
-def test_a_garbage_manifest_in_your_feature_folder_is_one_line(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_a_garbage_manifest_in_your_feature_folder_is_one_line(tmp_path, capsys) -> None:
     pipeline = byof_pipeline(tmp_path)
     (tmp_path / "mine" / "far" / "manifest.json").write_text("{not json")
     code, err = etn(capsys, "train", pipeline, "-d", tmp_path / "data")

@@ -37,7 +37,7 @@ def fit(name: str, settings: dict, data) -> Head:
     return head.fit(data.hidden, data.logits, data.labels, classifier=classifier, layers=layers)
 
 
-def tensors_in(value, seen: set[int] | None = None, path: str = "head"):  # noqa: ANN001, ANN201
+def tensors_in(value, seen: set[int] | None = None, path: str = "head"):
     """Every tensor reachable from ``value``: attributes of any object (a library's too),
     modules' parameters and buffers, containers; with the path that reaches it."""
     seen = set() if seen is None else seen

@@ -155,7 +155,7 @@ def test_weights_and_features_do_not_depend_on_the_float_kernels_reduction_order
     single_threaded, before = digits_cnn.deterministic, torch.get_num_threads()
 
     @contextlib.contextmanager
-    def on_threads(seed: int, threads: int):  # noqa: ANN202
+    def on_threads(seed: int, threads: int):
         with single_threaded(seed):
             torch.set_num_threads(threads)
             yield
@@ -182,7 +182,7 @@ def test_fingerprint_changes_when_a_config_value_changes(tmp_path: Path) -> None
     assert base.folder != other.folder
 
 
-def test_damaged_weights_are_retrained_to_the_same_bytes(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_damaged_weights_are_retrained_to_the_same_bytes(tmp_path: Path, capsys) -> None:
     folder = built(SMALL, tmp_path).folder
     weights = folder / digits_cnn.WEIGHTS_FILE
     good = weights.read_bytes()

@@ -135,7 +135,7 @@ def test_matrix_etn_loss_equals_an_independent_computation_with_the_full_covaria
     torch.testing.assert_close(got, torch.stack(expected), rtol=2e-4, atol=2e-4)
 
 
-def _kron_noise(e, l_b, l_d, chol):  # noqa: ANN001, ANN202
+def _kron_noise(e, l_b, l_d, chol):
     """The standard normals that make ``chol @ x`` equal ``vec(L_D E L_B^T)`` for each draw:
     ``x = chol^-1 (L_B (x) L_D) vec(E)``, so both sides use the same randomness."""
     kron = torch.kron(l_b, l_d)

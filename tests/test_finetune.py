@@ -84,7 +84,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]
     return pipeline, root / "data", output
 
 
-def test_run_fine_tunes_then_extracts_trains_and_evaluates(finished) -> None:  # noqa: ANN001
+def test_run_fine_tunes_then_extracts_trains_and_evaluates(finished) -> None:
     pipeline, data, output = finished
     (folder,) = (data / "backbones").glob("torchvision-finetune-*[!k]")
     record = json.loads((folder / "finetune.json").read_text())
@@ -99,7 +99,7 @@ def test_run_fine_tunes_then_extracts_trains_and_evaluates(finished) -> None:  #
     assert {"wall_s", "forward_s", "forward_s_per_sample"} <= manifest["timing"].keys()
 
 
-def test_rerun_does_no_work(finished) -> None:  # noqa: ANN001
+def test_rerun_does_no_work(finished) -> None:
     pipeline, data, _ = finished
     before = files(data)
     code, output = etn("run", pipeline, "--data-dir", data, "--device", "cpu")
@@ -107,7 +107,7 @@ def test_rerun_does_no_work(finished) -> None:  # noqa: ANN001
     assert "extract: 0 built" in output and files(data) == before
 
 
-def test_a_damaged_fine_tune_is_trained_again_to_the_same_weights(finished, tmp_path) -> None:  # noqa: ANN001
+def test_a_damaged_fine_tune_is_trained_again_to_the_same_weights(finished, tmp_path) -> None:
     import shutil
 
     pipeline, data, _ = finished
@@ -124,7 +124,7 @@ def test_a_damaged_fine_tune_is_trained_again_to_the_same_weights(finished, tmp_
     assert weights.read_bytes() == good and "extract: 0 built" in output  # seeded: same bytes
 
 
-def test_extract_uses_the_fine_tuned_weights(finished) -> None:  # noqa: ANN001
+def test_extract_uses_the_fine_tuned_weights(finished) -> None:
     pipeline, data, _ = finished
     plan = make_plan(load_pipeline(pipeline), data)
     trained = load_file(plan.finetune.path / "model.safetensors")
@@ -139,7 +139,7 @@ def test_extract_uses_the_fine_tuned_weights(finished) -> None:  # noqa: ANN001
     np.testing.assert_allclose(recomputed, logits, rtol=1e-4, atol=1e-5)
 
 
-def test_the_finetune_folder_works_as_a_weights_option(finished) -> None:  # noqa: ANN001
+def test_the_finetune_folder_works_as_a_weights_option(finished) -> None:
     pipeline, data, _ = finished
     plan = make_plan(load_pipeline(pipeline), data)
     config = Config(model="resnet18", weights=str(plan.finetune.path))
@@ -152,7 +152,7 @@ def test_the_finetune_folder_works_as_a_weights_option(finished) -> None:  # noq
         np.testing.assert_allclose(logits.numpy(), shard["logits"][:][order][index.numpy()])
 
 
-def test_fine_tuning_changes_every_feature_key(finished, tmp_path: Path) -> None:  # noqa: ANN001
+def test_fine_tuning_changes_every_feature_key(finished, tmp_path: Path) -> None:
     pipeline, data, _ = finished
     with_finetune = make_plan(load_pipeline(pipeline), data)
     without = make_plan(load_pipeline(write(tmp_path, None)), data)
@@ -162,7 +162,7 @@ def test_fine_tuning_changes_every_feature_key(finished, tmp_path: Path) -> None
     assert with_finetune.classifier_path != without.classifier_path
 
 
-def test_fine_tuning_is_reproducible_under_its_seed(finished, tmp_path: Path) -> None:  # noqa: ANN001
+def test_fine_tuning_is_reproducible_under_its_seed(finished, tmp_path: Path) -> None:
     pipeline, data, _ = finished
     plan = make_plan(load_pipeline(pipeline), tmp_path / "again")
     assert plan.finetune.key == make_plan(load_pipeline(pipeline), data).finetune.key

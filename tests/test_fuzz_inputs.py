@@ -28,13 +28,13 @@ def check(case: Case, tmp_path: Path, llama: Path) -> None:
 
 
 @pytest.mark.parametrize("case", DEFAULT, ids=str)
-def test_a_corrupted_input_is_accepted_or_refused_in_one_line(case, tmp_path, llama) -> None:  # noqa: ANN001
+def test_a_corrupted_input_is_accepted_or_refused_in_one_line(case, tmp_path, llama) -> None:
     check(case, tmp_path, llama)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", LARGER, ids=str)
-def test_a_larger_sample_of_corrupted_inputs_holds(case, tmp_path, llama) -> None:  # noqa: ANN001
+def test_a_larger_sample_of_corrupted_inputs_holds(case, tmp_path, llama) -> None:
     check(case, tmp_path, llama)
 
 

@@ -20,11 +20,11 @@ def write_images(folder: Path, names: list[str]) -> None:
         Image.fromarray(np.full((4, 4, 3), i * 20, np.uint8)).save(folder / name)
 
 
-def source(root: Path, **options):  # noqa: ANN003, ANN201
+def source(root: Path, **options):
     return datasets.get("image_folder")(root=str(root), **options)
 
 
-def labels_by_file(split) -> dict[str, int]:  # noqa: ANN001
+def labels_by_file(split) -> dict[str, int]:
     pairs = zip(split.data.files, split.data.labels, strict=True)
     return {Path(f).as_posix(): int(y) for f, y in pairs}
 

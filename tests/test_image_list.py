@@ -160,7 +160,7 @@ def listed_standin(root: Path, lists: dict, size: int) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("suite", ["imagenet", "cifar10"])
-def test_the_openood_pipelines_extract_images_from_standin_lists(suite, tmp_path) -> None:  # noqa: ANN001
+def test_the_openood_pipelines_extract_images_from_standin_lists(suite, tmp_path) -> None:
     """Each shipped OpenOOD pipeline as it is, on a stand-in of OpenOOD's lists and folders
     (random weights, ImageNet's at 56 x 56 pixels; CIFAR-10's fine-tuned for one epoch first):
     every split holds the listed images' rows, with the listed labels in list order (the ID

@@ -52,7 +52,7 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return finished_run(tmp_path_factory.mktemp("damage"))
 
 
-def sweep(clean, tmp_path: Path, flips: int, seed: int, kinds: tuple[str, ...] = ()) -> Counter:  # noqa: ANN001
+def sweep(clean, tmp_path: Path, flips: int, seed: int, kinds: tuple[str, ...] = ()) -> Counter:
     """Damage ``clean`` one case at a time (``flips`` seeded flips per kind, half in the first
     512 bytes, plus the signature byte, a truncation and deletion), run each, check every
     outcome, and return the tally of (kind, verdict). ``kinds`` keeps only those kinds' cases
@@ -89,14 +89,14 @@ def test_each_kind_damaged_at_its_signature_header_body_end_and_whole_is_repaire
 
 
 @pytest.mark.slow
-def test_a_sweep_of_24_flips_per_kind_is_repaired_or_refused_in_one_line(clean, tmp_path) -> None:  # noqa: ANN001
+def test_a_sweep_of_24_flips_per_kind_is_repaired_or_refused_in_one_line(clean, tmp_path) -> None:
     """The issue's "a few dozen per kind": 24 seeded flips (12 in the first 512 bytes, 12
     anywhere) plus the signature byte, a truncation and deletion, for each of the 11 kinds
     (297 cases; the README's reliability section gives their counts, printed with -s)."""
     print(sorted(sweep(clean, tmp_path, flips=24, seed=20).items()))
 
 
-def test_a_header_flip_that_h5py_reports_as_a_missing_object_is_repaired(clean, tmp_path) -> None:  # noqa: ANN001
+def test_a_header_flip_that_h5py_reports_as_a_missing_object_is_repaired(clean, tmp_path) -> None:
     # found by the slow sweep: h5py raised KeyError ("number of children is greater than
     # maximum") while the splits' labels were checked, which became a traceback
     pipeline, data = clean
@@ -106,8 +106,8 @@ def test_a_header_flip_that_h5py_reports_as_a_missing_object_is_repaired(clean, 
 
 @pytest.mark.slow
 def test_a_sweep_of_96_more_flips_per_kind_is_repaired_or_refused_in_one_line(
-    clean,  # noqa: ANN001
-    tmp_path,  # noqa: ANN001
+    clean,
+    tmp_path,
 ) -> None:
     """A denser sample than CI's, other bytes: 96 flips per kind (1,089 cases)."""
     print(sorted(sweep(clean, tmp_path, flips=96, seed=21).items()))
@@ -118,12 +118,12 @@ def test_a_sweep_of_96_more_flips_per_kind_is_repaired_or_refused_in_one_line(
     [Case("shard", "flip", 30000, 3), Case("backbone weights", "truncate", 100)],
     ids=str,
 )
-def test_the_installed_command_repairs_damage_in_a_new_process(clean, tmp_path, case) -> None:  # noqa: ANN001
+def test_the_installed_command_repairs_damage_in_a_new_process(clean, tmp_path, case) -> None:
     pipeline, data = clean
     assert run_case(case, pipeline, data, tmp_path / "work").verdict == "same"
 
 
-def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_path) -> None:  # noqa: ANN001
+def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_path) -> None:
     from etn_cli.store.writing.writer import ShardWriter
 
     rng = np.random.default_rng(0)
@@ -145,7 +145,7 @@ def test_a_flipped_bit_in_a_shard_with_its_time_unchanged_is_caught_on_read(tmp_
     assert caught.value.path == tmp_path / "split"
 
 
-def test_old_shards_without_value_checksums_still_read(tmp_path) -> None:  # noqa: ANN001
+def test_old_shards_without_value_checksums_still_read(tmp_path) -> None:
     from etn_cli.store.reading.reader import write_manifest
 
     folder = tmp_path / "old"
@@ -163,7 +163,7 @@ def test_old_shards_without_value_checksums_still_read(tmp_path) -> None:  # noq
     assert len(notes) == 1  # said once (the CLI shows the etn logger on stderr)
 
 
-def test_new_shards_carry_value_checksums_and_are_byte_identical(tmp_path) -> None:  # noqa: ANN001
+def test_new_shards_carry_value_checksums_and_are_byte_identical(tmp_path) -> None:
     arrays = {"hidden": np.ones((5, 3), np.float32), "labels": np.arange(5)}
     write_shard(tmp_path / "a.h5", arrays)
     write_shard(tmp_path / "b.h5", arrays)
@@ -197,7 +197,7 @@ def test_the_value_checksum_catches_sampled_single_and_double_bit_flips() -> Non
     assert value_checksum(values) == clean
 
 
-def test_fletcher32_shards_of_the_previous_format_still_read_checked(tmp_path) -> None:  # noqa: ANN001
+def test_fletcher32_shards_of_the_previous_format_still_read_checked(tmp_path) -> None:
     from etn_cli.store.reading.reader import write_manifest
 
     folder = tmp_path / "f32"
@@ -212,7 +212,7 @@ def test_fletcher32_shards_of_the_previous_format_still_read_checked(tmp_path) -
     assert len(read_split(folder)) == 6
 
 
-def test_a_sealed_file_is_checked_before_it_is_parsed(tmp_path) -> None:  # noqa: ANN001
+def test_a_sealed_file_is_checked_before_it_is_parsed(tmp_path) -> None:
     path = tmp_path / "m.parquet"
     write_sealed(path, b"PAR1 payload")
     assert sidecar(path).read_text().endswith("  m.parquet\n")
@@ -225,7 +225,7 @@ def test_a_sealed_file_is_checked_before_it_is_parsed(tmp_path) -> None:  # noqa
         read_sealed(path)
 
 
-def test_an_edited_record_is_refused_even_where_it_still_parses(tmp_path) -> None:  # noqa: ANN001
+def test_an_edited_record_is_refused_even_where_it_still_parses(tmp_path) -> None:
     from etn_cli.store.artefacts.sealed import check_record_seal
 
     record = seal_record({"rows": 10, "fit_split": "digits:adapt (190 rows)"})
@@ -235,7 +235,7 @@ def test_an_edited_record_is_refused_even_where_it_still_parses(tmp_path) -> Non
     check_record_seal({"rows": 10}, tmp_path / "r.json", tmp_path)  # an older etn's: no seal
 
 
-def test_damage_to_the_users_own_features_is_refused_not_rebuilt(tmp_path) -> None:  # noqa: ANN001
+def test_damage_to_the_users_own_features_is_refused_not_rebuilt(tmp_path) -> None:
     from cli_runner import etn
     from conftest import make_features
 
@@ -261,7 +261,7 @@ def test_damage_to_the_users_own_features_is_refused_not_rebuilt(tmp_path) -> No
 
 def test_verify_repair_removes_damaged_units_and_the_next_run_rebuilds_them(
     clean, tmp_path
-) -> None:  # noqa: ANN001
+) -> None:
     import shutil
 
     from cli_runner import etn
@@ -283,7 +283,7 @@ def test_verify_repair_removes_damaged_units_and_the_next_run_rebuilds_them(
     assert code == 0 and " 0 damaged" in output, output
 
 
-def test_two_ood_folders_with_one_last_segment_stay_apart_and_keyed(tmp_path) -> None:  # noqa: ANN001
+def test_two_ood_folders_with_one_last_segment_stay_apart_and_keyed(tmp_path) -> None:
     from conftest import make_features
 
     from etn_cli.planning.pipeline import load_pipeline
@@ -313,7 +313,7 @@ def test_two_ood_folders_with_one_last_segment_stay_apart_and_keyed(tmp_path) ->
 
 
 @pytest.mark.parametrize("key", ["backbone", "id_dataset"])
-def test_a_features_name_that_would_leave_the_data_directory_is_refused(tmp_path, key) -> None:  # noqa: ANN001
+def test_a_features_name_that_would_leave_the_data_directory_is_refused(tmp_path, key) -> None:
     from etn_cli.planning.pipeline import load_pipeline
 
     path = tmp_path / "own.toml"
@@ -324,7 +324,7 @@ def test_a_features_name_that_would_leave_the_data_directory_is_refused(tmp_path
         load_pipeline(path)
 
 
-def test_every_file_and_folder_follows_the_umask(clean, tmp_path) -> None:  # noqa: ANN001
+def test_every_file_and_folder_follows_the_umask(clean, tmp_path) -> None:
     import os
 
     from cli_runner import etn
@@ -343,7 +343,7 @@ def test_every_file_and_folder_follows_the_umask(clean, tmp_path) -> None:  # no
     assert not odd, odd
 
 
-def test_predict_refuses_an_output_that_is_a_folder_before_any_work(clean, tmp_path) -> None:  # noqa: ANN001
+def test_predict_refuses_an_output_that_is_a_folder_before_any_work(clean, tmp_path) -> None:
     from cli_runner import etn
 
     pipeline, data = clean
@@ -357,7 +357,7 @@ def test_predict_refuses_an_output_that_is_a_folder_before_any_work(clean, tmp_p
 @pytest.mark.parametrize(
     "case", [Case("train.json", "delete"), Case("manifest", "delete")], ids=str
 )
-def test_a_repair_is_announced_in_one_line_naming_the_damage(clean, tmp_path, case) -> None:  # noqa: ANN001
+def test_a_repair_is_announced_in_one_line_naming_the_damage(clean, tmp_path, case) -> None:
     import shutil
 
     from damage_cases import apply, run_in_process
@@ -371,7 +371,7 @@ def test_a_repair_is_announced_in_one_line_naming_the_damage(clean, tmp_path, ca
     assert "found none" in repairs[0] and "Delete" not in repairs[0], repairs
 
 
-def test_status_calls_a_damaged_unit_damaged_and_a_dry_run_would_build_it(clean, tmp_path) -> None:  # noqa: ANN001
+def test_status_calls_a_damaged_unit_damaged_and_a_dry_run_would_build_it(clean, tmp_path) -> None:
     import shutil
 
     from cli_runner import etn
@@ -386,7 +386,7 @@ def test_status_calls_a_damaged_unit_damaged_and_a_dry_run_would_build_it(clean,
     assert "would build head" in output and "1 to build" in output, output
 
 
-def test_a_head_saved_from_python_is_checked_when_loaded(tmp_path) -> None:  # noqa: ANN001
+def test_a_head_saved_from_python_is_checked_when_loaded(tmp_path) -> None:
     from conftest import make_features
 
     import etn_cli
@@ -411,7 +411,7 @@ def test_a_head_saved_from_python_is_checked_when_loaded(tmp_path) -> None:  # n
         etn_cli.load_head(tmp_path)
 
 
-def test_a_head_folder_an_older_etn_saved_without_checksums_loads_with_a_note(tmp_path) -> None:  # noqa: ANN001
+def test_a_head_folder_an_older_etn_saved_without_checksums_loads_with_a_note(tmp_path) -> None:
     from conftest import make_features
 
     import etn_cli
@@ -431,7 +431,7 @@ def installed_etn(*args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
-def test_a_repair_is_said_even_with_quiet_and_no_failed_line_comes_first(clean, tmp_path) -> None:  # noqa: ANN001
+def test_a_repair_is_said_even_with_quiet_and_no_failed_line_comes_first(clean, tmp_path) -> None:
     from damage_cases import apply, results
 
     pipeline, data = clean
@@ -452,7 +452,7 @@ def test_a_repair_is_said_even_with_quiet_and_no_failed_line_comes_first(clean, 
     assert [line for line in unstamped(done.stderr) if line.startswith("repair: ")]
 
 
-def test_evaluate_on_a_damaged_shard_refuses_before_taking_any_lock(clean, tmp_path) -> None:  # noqa: ANN001
+def test_evaluate_on_a_damaged_shard_refuses_before_taking_any_lock(clean, tmp_path) -> None:
     pipeline, data = clean
     work = tmp_path / "work"
     shutil.copytree(data, work)
@@ -468,7 +468,7 @@ def test_evaluate_on_a_damaged_shard_refuses_before_taking_any_lock(clean, tmp_p
     assert not list(work.glob("metrics/damage/*")), list(work.glob("metrics/damage/*"))
 
 
-def test_report_of_a_damaged_metrics_file_says_how_to_rebuild_it(clean, tmp_path) -> None:  # noqa: ANN001
+def test_report_of_a_damaged_metrics_file_says_how_to_rebuild_it(clean, tmp_path) -> None:
     pipeline, data = clean
     work = tmp_path / "work"
     shutil.copytree(data, work)

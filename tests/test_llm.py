@@ -428,7 +428,7 @@ def test_hugging_face_datasets_rows_are_read_when_files_are_missing(tmp_path, mo
     class Table(list):
         _fingerprint = "abc123"
 
-    def load_dataset(path, config, split):  # noqa: ANN001, ANN202
+    def load_dataset(path, config, split):
         calls.append((path, config, split))
         return Table([NATIVE["OBQA (HF)"][0]] * 3)
 

@@ -51,7 +51,7 @@ def outputs(config: Config, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         {"checkpoint": "model.pt", "classifier": "fc"},
     ],
 )
-def test_own_checkpoints_give_the_models_hidden_state_and_logits(checkpoints, options) -> None:  # noqa: ANN001
+def test_own_checkpoints_give_the_models_hidden_state_and_logits(checkpoints, options) -> None:
     model, folder = checkpoints
     x = torch.randn(3, 3, 32, 32)
     options = {k: str(folder / v) if k == "checkpoint" else v for k, v in options.items()}
@@ -67,7 +67,7 @@ def test_own_checkpoints_give_the_models_hidden_state_and_logits(checkpoints, op
     assert backbone.fingerprint()["weights"]["sha256"]
 
 
-def test_odin_runs_through_a_torchscript_model(checkpoints) -> None:  # noqa: ANN001
+def test_odin_runs_through_a_torchscript_model(checkpoints) -> None:
     _, folder = checkpoints
     config = Config(checkpoint=str(folder / "model.pt"), odin=True)
     _, logits, _, _, backbone = outputs(config, torch.randn(2, 3, 32, 32))
@@ -148,7 +148,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_llama(tmp_path_factory.mktemp("llama"))
 
 
-def test_a_causal_lm_computes_in_float32_on_a_cpu_unless_told_otherwise(llama, tmp_path) -> None:  # noqa: ANN001
+def test_a_causal_lm_computes_in_float32_on_a_cpu_unless_told_otherwise(llama, tmp_path) -> None:
     from etn_cli.backbones.hf_lm import CausalLMBackbone
     from etn_cli.backbones.hf_lm import Config as LMConfig
     from etn_cli.datasets import datasets

@@ -323,7 +323,7 @@ def test_own_data_bad_input_is_one_line_exit_2_and_writes_nothing(
     check_case(CASES[name], tmp_path, request, capsys)
 
 
-def test_etn_import_of_a_bad_file_writes_no_folder(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_etn_import_of_a_bad_file_writes_no_folder(tmp_path, capsys) -> None:
     feature_files(tmp_path, ood={"labels": np.arange(29)})
     files = [tmp_path / "mine" / f"{name}.npz" for name in ("adapt", "test", "ood")]
     code, err = etn(capsys, "import", *files, "--out", tmp_path / "out")
@@ -331,7 +331,7 @@ def test_etn_import_of_a_bad_file_writes_no_folder(tmp_path, capsys) -> None:  #
     assert not (tmp_path / "out").exists()
 
 
-def test_etn_import_writes_split_folders_and_the_classifier(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_etn_import_writes_split_folders_and_the_classifier(tmp_path, capsys) -> None:
     from etn_cli.store.artefacts.classifier import load_classifier
     from etn_cli.store.reading.reader import read_split
 
@@ -349,7 +349,7 @@ def test_etn_import_writes_split_folders_and_the_classifier(tmp_path, capsys) ->
     assert json.loads((tmp_path / "out" / "adapt" / "manifest.json").read_text())["rows"] == 30
 
 
-def test_etn_import_into_an_existing_file_is_one_line(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_etn_import_into_an_existing_file_is_one_line(tmp_path, capsys) -> None:
     feature_files(tmp_path)
     (tmp_path / "taken").write_text("mine")
     files = [tmp_path / "mine" / f"{name}.npz" for name in ("adapt", "test", "ood")]
@@ -358,7 +358,7 @@ def test_etn_import_into_an_existing_file_is_one_line(tmp_path, capsys) -> None:
     assert (tmp_path / "taken").read_text() == "mine"
 
 
-def test_a_killed_etn_import_resumes_on_the_next_run(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_a_killed_etn_import_resumes_on_the_next_run(tmp_path, capsys) -> None:
     """A kill after the first split: that folder is whole, the second one's private folder is
     left half written. The rerun keeps the first, removes the leftover and imports the rest."""
     from etn_cli.own_features import importer
@@ -368,7 +368,7 @@ def test_a_killed_etn_import_resumes_on_the_next_run(tmp_path, capsys) -> None: 
     out = tmp_path / "out"
     real = importer.write_split
 
-    def killed_at_the_second(features, target):  # noqa: ANN001, ANN202
+    def killed_at_the_second(features, target):
         if target.name == "test":
             (target.parent / "test.partial-0badf00d").mkdir()  # what a kill leaves
             raise KeyboardInterrupt

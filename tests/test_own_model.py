@@ -49,7 +49,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def split_of(folder: Path, pipeline: str, role: str):  # noqa: ANN201
+def split_of(folder: Path, pipeline: str, role: str):
     from etn_cli.planning.pipeline import load_pipeline
     from etn_cli.planning.plan import make_plan
 
@@ -183,7 +183,7 @@ def test_imported_features_equal_the_files_and_the_given_classifier_is_used(run:
     assert plan.classifier_source["sha256"] == record["classifier"]["sha256"]
 
 
-def test_the_python_example_gives_the_pipelines_features(run, monkeypatch, capsys) -> None:  # noqa: ANN001
+def test_the_python_example_gives_the_pipelines_features(run, monkeypatch, capsys) -> None:
     import runpy
 
     import torchvision

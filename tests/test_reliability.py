@@ -139,7 +139,7 @@ def journals(data: Path) -> list[tuple[Path, dict]]:
 
 
 # ------------------------------------------------------------------------ kills
-def test_a_split_killed_midway_resumes_from_its_finished_shards(reference, tmp_path) -> None:  # noqa: ANN001
+def test_a_split_killed_midway_resumes_from_its_finished_shards(reference, tmp_path) -> None:
     pipeline, reference_data = reference
     data = fresh_data(tmp_path, reference)
     process = start_run(pipeline, data)

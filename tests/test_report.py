@@ -232,7 +232,7 @@ def test_the_pareto_front_keeps_exactly_the_undominated_points():
         assert (i in front) == (not beaten)
 
 
-def _drawn_axes(monkeypatch, frame, tmp_path) -> list:  # noqa: ANN001
+def _drawn_axes(monkeypatch, frame, tmp_path) -> list:
     import etn_cli.report.plots as plots
     from etn_cli.report.frontier import frontier_plot
 

@@ -33,7 +33,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def reported(finished, tmp_path: Path) -> tuple[Path, Path, Path]:  # noqa: ANN001
+def reported(finished, tmp_path: Path) -> tuple[Path, Path, Path]:
     """A copy of a finished run of the tiny own-shards pipeline: (pipeline, data, report)."""
     pipeline, data = finished
     shutil.copytree(pipeline.parent / "mine", tmp_path / "mine")
@@ -65,7 +65,7 @@ def test_names_of_other_folders_are_not_plain_names() -> None:
 def test_a_damaged_plot_record_is_redrawn_and_deletes_nothing_outside(
     reported,
     text,
-    capsys,  # noqa: ANN001
+    capsys,
 ) -> None:
     pipeline, data, folder = reported
     victim = data.parent / "victim.txt"
@@ -82,7 +82,7 @@ def test_a_damaged_plot_record_is_redrawn_and_deletes_nothing_outside(
 
 
 def test_an_empty_plot_record_does_not_stop_the_next_run_of_the_installed_command(
-    reported,  # noqa: ANN001
+    reported,
 ) -> None:
     pipeline, data, folder = reported
     (folder / PLOT_RECORD).write_text("")
@@ -91,7 +91,7 @@ def test_an_empty_plot_record_does_not_stop_the_next_run_of_the_installed_comman
     assert "repair: " in done.stderr and damaged(data) == []
 
 
-def test_a_changed_figure_is_redrawn_and_reported_by_verify(reported, capsys) -> None:  # noqa: ANN001
+def test_a_changed_figure_is_redrawn_and_reported_by_verify(reported, capsys) -> None:
     pipeline, data, folder = reported
     record = json.loads((folder / PLOT_RECORD).read_text())
     figure = folder / sorted(record["sha256"])[0]
@@ -104,7 +104,7 @@ def test_a_changed_figure_is_redrawn_and_reported_by_verify(reported, capsys) ->
     assert damaged(data) == []
 
 
-def test_a_record_copied_from_another_report_folder_is_refused(reported) -> None:  # noqa: ANN001
+def test_a_record_copied_from_another_report_folder_is_refused(reported) -> None:
     _, data, folder = reported
     other = data / "reports" / "other"
     other.mkdir()

@@ -67,7 +67,7 @@ def test_the_registry_has_numeric_settings_to_check() -> None:
 @pytest.mark.parametrize(
     ("head", "setting", "kind"), SETTINGS, ids=[f"{h}.{s}" for h, s, _ in SETTINGS]
 )
-def test_every_numeric_setting_refuses_a_value_out_of_its_range(head, setting, kind) -> None:  # noqa: ANN001
+def test_every_numeric_setting_refuses_a_value_out_of_its_range(head, setting, kind) -> None:
     bad = OUT_OF_RANGE.get((head, setting), OUT_OF_RANGE.get(setting, "missing"))
     assert bad != "missing", f"add an out-of-range value of {head}.{setting} to OUT_OF_RANGE"
     with pytest.raises(EtnError, match=setting) as caught:

@@ -76,7 +76,7 @@ def test_a_name_carries_a_key_only_when_it_ends_in_sixteen_hex_digits() -> None:
         check_recorded_key(Path("etn-0123456789abcdef"), "1111111111111111", "record")
 
 
-def test_swapped_seed_heads_are_refused_by_predict_and_retrained_by_run(clean, tmp_path) -> None:  # noqa: ANN001
+def test_swapped_seed_heads_are_refused_by_predict_and_retrained_by_run(clean, tmp_path) -> None:
     pipeline, _ = clean
     data = copy(clean, tmp_path)
     first, second = sorted(p for p in (data / "heads").iterdir() if p.is_dir())
@@ -93,7 +93,7 @@ def test_swapped_seed_heads_are_refused_by_predict_and_retrained_by_run(clean, t
     assert results(data) == results(clean[1])
 
 
-def test_a_split_folder_swapped_with_another_is_re_extracted(clean, tmp_path) -> None:  # noqa: ANN001
+def test_a_split_folder_swapped_with_another_is_re_extracted(clean, tmp_path) -> None:
     pipeline, _ = clean
     data = copy(clean, tmp_path)
     (unseen,) = (p for p in data.glob("features/*/digits_unseen.test-*") if p.is_dir())
@@ -109,7 +109,7 @@ def test_a_split_folder_swapped_with_another_is_re_extracted(clean, tmp_path) ->
     assert results(data) == results(clean[1])
 
 
-def test_a_metrics_file_copied_over_another_with_its_checksum_is_rebuilt(clean, tmp_path) -> None:  # noqa: ANN001
+def test_a_metrics_file_copied_over_another_with_its_checksum_is_rebuilt(clean, tmp_path) -> None:
     pipeline, _ = clean
     data = copy(clean, tmp_path)
     first, second = sorted((data / "metrics" / "keys").glob("*.parquet"))
@@ -123,7 +123,7 @@ def test_a_metrics_file_copied_over_another_with_its_checksum_is_rebuilt(clean, 
     assert results(data) == results(clean[1])
 
 
-def test_verify_reports_a_swapped_head_once_through_the_shared_check(clean, tmp_path) -> None:  # noqa: ANN001
+def test_verify_reports_a_swapped_head_once_through_the_shared_check(clean, tmp_path) -> None:
     data = copy(clean, tmp_path)
     first, second = sorted(p for p in (data / "heads").iterdir() if p.is_dir())
     swap(first, second)

@@ -215,7 +215,7 @@ def pooled_outputs(modules: dict[str, nn.Module]) -> Iterator[dict[str, torch.Te
     dict while the block runs; the hooks are removed afterwards."""
     outputs: dict[str, torch.Tensor] = {}
 
-    def hook_for(name: str):  # noqa: ANN202
+    def hook_for(name: str):
         def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
             # pool now: a later in-place operation cannot alter the stored values
             outputs[name] = pool(output, name).float().cpu().clone()

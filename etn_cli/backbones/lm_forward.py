@@ -210,7 +210,7 @@ def captured_layers(
     outputs: dict[str, torch.Tensor] = {}
     last = last_positions(mask)  # (B,)
 
-    def hook(name: str):  # noqa: ANN202
+    def hook(name: str):
         def record(_module: Any, _inputs: Any, output: Any) -> None:
             states = output[0] if isinstance(output, tuple) else output  # (B, L, D_l)
             rows = torch.arange(len(states), device=states.device)

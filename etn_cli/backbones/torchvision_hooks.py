@@ -98,7 +98,7 @@ def capture(
     def head_output(module: nn.Module, args: Any, output: torch.Tensor) -> None:
         seen.head_output = output
 
-    def layer_hook(name: str):  # noqa: ANN202
+    def layer_hook(name: str):
         def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
             if not isinstance(output, torch.Tensor):
                 raise EtnError(

@@ -184,7 +184,7 @@ class TorchvisionBackbone(Backbone):
                 self.run(blank, with_layers=False)
         except EtnError:
             raise
-        except Exception:  # noqa: BLE001, S110 - the first real batch reports it
+        except Exception:
             pass
 
     def builder_options(self) -> dict[str, Any]:
@@ -293,7 +293,7 @@ class TorchvisionBackbone(Backbone):
             extras["odin"] = self.odin_logits(x)
         return hidden.cpu(), logits.cpu(), {k: v.cpu() for k, v in extras.items()}
 
-    def start_batch(self, inputs: torch.Tensor):  # noqa: ANN201 - Backbone.start_batch's
+    def start_batch(self, inputs: torch.Tensor):
         """:meth:`extract_batch` queued on the GPU, its outputs copied back into pinned host
         memory without waiting; ODIN's gradient pass (and the CPU) run it at once."""
         if self.device.type != "cuda" or self.config.odin:

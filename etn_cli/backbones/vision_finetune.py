@@ -145,7 +145,7 @@ def lr_factor(schedule: str, steps: int) -> Any:
 
 
 @contextlib.contextmanager
-def seeded(seed: int, device: torch.device):  # noqa: ANN201
+def seeded(seed: int, device: torch.device):
     """Seed torch's global generators inside (dropout, random init); restore them after."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)

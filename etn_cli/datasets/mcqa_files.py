@@ -97,7 +97,7 @@ def text_lines(path: Path, newline: str | None = None) -> Iterator[Iterator[tupl
     numbered: list[int] = [0]
 
     def lines(handle: Any) -> Iterator[tuple[int, str]]:
-        for numbered[0], line in enumerate(handle, start=1):  # noqa: B020
+        for numbered[0], line in enumerate(handle, start=1):
             yield numbered[0], line
 
     try:

@@ -57,7 +57,7 @@ def elu_mlp(n_in: int, widths: tuple[int, ...], n_out: int | None) -> nn.Sequent
     return nn.Sequential(*layers)
 
 
-def gaussian_kl(mean_q, scale_q, mean_p, scale_p) -> torch.Tensor:  # noqa: ANN001
+def gaussian_kl(mean_q, scale_q, mean_p, scale_p) -> torch.Tensor:
     """``KL(N(mean_q, scale_q^2) || N(mean_p, scale_p^2))`` summed over the last axis."""
     ratio = (scale_q / scale_p) ** 2
     return 0.5 * (ratio + ((mean_q - mean_p) / scale_p) ** 2 - 1 - ratio.log()).sum(-1)
@@ -132,7 +132,7 @@ class AdaTS(Head):
             torch.manual_seed(self.config.seed)
             self.module_ = CondVAETemperature(n_features, n_classes, self.config)
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         self._build(h.shape[1], z.shape[1])
         self.selection_ = fit_module(  # a positive temperature and one b keep z's argmax
@@ -170,7 +170,7 @@ class AdaTS(Head):
         return True  # one positive temperature per row divides every logit
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         temperature = self.temperatures(h)  # (N,) float64
         alpha = evidence(z.double() / temperature[:, None], self.module_.b.double()).cpu().numpy()
         probs = alpha / alpha.sum(1, keepdims=True)  # (N, C)

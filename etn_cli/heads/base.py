@@ -231,7 +231,7 @@ class Head:
         h, z, extra = moved((h, z, extra), device)
         return np.asarray(self._score(h, z, layers=extra, device=device), np.float64)
 
-    def _predict_on(self, device: str | torch.device, h, z, extra) -> Prediction:  # noqa: ANN001
+    def _predict_on(self, device: str | torch.device, h, z, extra) -> Prediction:
         """``_predict`` with the head and its inputs on ``device``."""
         device = torch.device(device)
         self.to(device)
@@ -325,13 +325,13 @@ class Head:
         return dataclasses.asdict(self.config)
 
     # ----------------------------------------------------------------- for subclasses
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         raise NotImplementedError
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         raise NotImplementedError
 
-    def _score(self, h, z, *, layers, device) -> np.ndarray:  # noqa: ANN001
+    def _score(self, h, z, *, layers, device) -> np.ndarray:
         return self._predict(h, z, layers=layers, device=device).scores[self.own_score]
 
     def _state(self) -> dict[str, torch.Tensor]:

@@ -100,7 +100,7 @@ class Rows:
         ties = (scores == scores.max(1, keepdim=True).values).sum(1)
         self.correct = int(((self.label == self.top) & (ties == 1)).sum())
 
-    def blocks(self, beta: float):  # noqa: ANN201
+    def blocks(self, beta: float):
         """Per block of rows: ``exp(beta (s - top))`` (rows, C), the block's scores shifted
         by their top (rows, C) and the rows' slice, float64."""
         for start in range(0, len(self.scores), BLOCK_ROWS):

@@ -92,7 +92,7 @@ class DMM(Head):
             torch.manual_seed(self.config.seed)
             self.net_ = MetaModel(widths, n_classes, self.config.width)
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         inputs = self._inputs(h, layers)
         if len(inputs) - cfg.include_hidden == 0:
@@ -131,7 +131,7 @@ class DMM(Head):
         return torch.cat([inputs[k] for k in self.names_], 1)
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         net = copy.deepcopy(self.net_).double()  # float64: batch-independent to rounding
         alpha = net(self._gather(h, layers).double()).exp().cpu().numpy()  # (N, C)
         return Prediction(alpha / alpha.sum(1, keepdims=True), dirichlet_scores(alpha), alpha)

@@ -140,7 +140,7 @@ class DUQ(Head):
             torch.manual_seed(self.config.seed)
             self.net_ = RBFHead(n_features, n_classes, self.config)
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         self._build(h.shape[1], z.shape[1])
         net = self.net_
@@ -220,7 +220,7 @@ class DUQ(Head):
         diff = embeddings - (net.m / net.N).double()
         return -(diff**2).mean(1) / (2 * net.sigma**2)
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         rows = max(1, 2**22 // (self.config.centroid_size * self.n_classes_))
         log_k = torch.cat([self.log_kernel(h[i : i + rows]) for i in range(0, len(h), rows)])
         probs = torch.softmax(log_k, dim=1).cpu().numpy()  # (N, C): K_c / sum_k K_k

@@ -26,10 +26,10 @@ class Energy(Head):
     own_score = "energy"
     Config = EnergyConfig
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         return None
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         t = self.config.temperature
         z = z.double()
         probs = torch.softmax(z, dim=1).cpu().numpy()
@@ -37,7 +37,7 @@ class Energy(Head):
         scores = probability_scores(probs) | {"energy": energy}
         return Prediction(probs, scores)
 
-    def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
+    def _score(self, h, z, *, layers, device):
         """The energy alone, in one pass of row blocks
         (:func:`~etn_cli.heads.scorers.softmax_terms.energy`)."""
         return softmax_terms.energy(z, self.config.temperature).cpu().numpy()

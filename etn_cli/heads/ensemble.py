@@ -37,7 +37,7 @@ class Ensemble(Head):
     Config = EnsembleConfig
     needs_classifier = True
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         weight, bias = classifier_tensors(classifier, h.shape[1], z.shape[1])
         weights, biases, self.selection_ = [], [], []
@@ -70,7 +70,7 @@ class Ensemble(Head):
             + self.bias_.double()[:, None]
         )
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         rows = max(1, 2**22 // (len(self.weight_) * self.n_classes_))
         parts = [self._chunk(h[i : i + rows]) for i in range(0, len(h), rows)]
         probs = np.concatenate([p for p, _ in parts])  # (N, C)

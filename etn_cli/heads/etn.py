@@ -151,7 +151,7 @@ class ETN(Head):
         """The learnable prior-belief term, kept positive with a softplus."""
         return F.softplus(self.b_raw_) + EPS
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         if self.is_matrix:
             limit = memory_limit_bytes(cfg, device)
@@ -214,7 +214,7 @@ class ETN(Head):
         return evidence(shape / rate * z, self.b_)
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         if self.config.variant == "vector":  # one draw at a time: large blocks, few operations
             per_row = z.shape[1]
         else:

@@ -78,7 +78,7 @@ class OffsetETN(ETN):
     label = "ETN (fitted offset)"
     offset_: float = 0.0
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         centre = float(z.mean())
         super()._fit(h, z - centre, y, classifier=classifier, layers=layers, device=device)
         rows = (t.to(device) for t in (h, z - centre, y))  # where the trained network is
@@ -161,7 +161,7 @@ class OffsetETN(ETN):
                 total += self.loss(h[rows], z[rows], y[rows]).sum()
         return float(total) / len(h)
 
-    def _predict_chunk(self, h, z):  # noqa: ANN001, ANN202
+    def _predict_chunk(self, h, z):
         return super()._predict_chunk(h, z + self.offset_)
 
     def _state(self) -> dict[str, torch.Tensor]:

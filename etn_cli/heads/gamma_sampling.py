@@ -101,7 +101,7 @@ def table_gamma(
     return x, torch.where(large, wilson_dk, dxdk)
 
 
-def _bilinear(values, index, n_w, f_k, f_w):  # noqa: ANN001, ANN202
+def _bilinear(values, index, n_w, f_k, f_w):
     low = values[index] * (1 - f_w) + values[index + 1] * f_w
     high = values[index + n_w] * (1 - f_w) + values[index + n_w + 1] * f_w
     return low * (1 - f_k) + high * f_k

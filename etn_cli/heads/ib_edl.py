@@ -137,7 +137,7 @@ def risk_and_gradients(
 
 class _FusedRisk(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, kernel, mu, sigma, noise, b, labels):  # noqa: ANN001, ANN205
+    def forward(ctx, kernel, mu, sigma, noise, b, labels):
         onehot = F.one_hot(labels, mu.shape[-1]).to(mu.dtype)
         risk, d_mu, d_sigma, d_b = kernel(mu, sigma, noise, b, onehot)
         ctx.save_for_backward(d_mu, d_sigma, d_b)
@@ -145,7 +145,7 @@ class _FusedRisk(torch.autograd.Function):
         return risk
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         d_mu, d_sigma, d_b = ctx.saved_tensors
         rows = grad.unsqueeze(-1)  # (B, 1)
         grad_b = (grad * d_b).sum().reshape(ctx.b_shape)
@@ -165,7 +165,7 @@ def compiled_risk() -> Callable:
     elementwise work dominates a step."""
     kernel = compiled_once("risk", risk_and_gradients)
 
-    def risk(mu, sigma, noise, b, labels):  # noqa: ANN001, ANN202
+    def risk(mu, sigma, noise, b, labels):
         return _FusedRisk.apply(kernel, mu, sigma, noise, b, labels)
 
     return risk
@@ -190,7 +190,7 @@ class IBEDL(Head):
         generator = torch.Generator().manual_seed(self.config.seed)
         self.noise_ = torch.randn(self.config.mc_samples, n_classes, generator=generator)
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         self._build(h.shape[1], z.shape[1])
         weight, bias = classifier_tensors(classifier, h.shape[1], z.shape[1])
@@ -214,7 +214,7 @@ class IBEDL(Head):
         return risk + self.config.beta * information_bottleneck_kl(mu, sigma)
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         alpha = (
             torch.cat(
                 [self._mean_alpha(h[i : i + PREDICT_ROWS]) for i in range(0, len(h), PREDICT_ROWS)]

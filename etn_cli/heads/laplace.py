@@ -109,7 +109,7 @@ class LastLayerLaplace(Head):
         structure = "KFAC" if self.config.hessian_structure == "kron" else "diag"
         return f"Laplace (last layer, {structure})"
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         layer = linear_from_classifier(classifier, h.shape[1], z.shape[1])
         self.samples_ = None
@@ -122,7 +122,7 @@ class LastLayerLaplace(Head):
         fit_laplace(self.la_, h, y, cfg)
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         rows = self._chunk_rows()
         samples = (
             torch.cat(

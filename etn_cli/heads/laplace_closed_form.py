@@ -67,7 +67,7 @@ class ClosedFormLaplace:
     prior_precision: torch.Tensor  # (1,)
 
     @classmethod
-    def fit(cls, weight, bias, h, y, structure: str) -> ClosedFormLaplace:  # noqa: ANN001
+    def fit(cls, weight, bias, h, y, structure: str) -> ClosedFormLaplace:
         loss, factors = last_layer_curvature(weight, bias, h, y, structure)
         mean = torch.cat([weight.double().flatten(), bias.double()])
         one = torch.ones(1, dtype=torch.float64)
@@ -138,7 +138,7 @@ class ClosedFormLaplace:
         return tensors | {"H": torch.cat(self.factors)}
 
     @classmethod
-    def from_state(cls, tensors: dict[str, torch.Tensor], structure: str, n_classes: int):  # noqa: ANN206
+    def from_state(cls, tensors: dict[str, torch.Tensor], structure: str, n_classes: int):
         if structure == "kron":
             factors = [tensors["H.0.0"], tensors["H.0.1"], tensors["H.1.0"]]
         else:

@@ -34,15 +34,15 @@ class Mahalanobis(Head):
     own_score = "md"
     version = 1  # issue 29: float64 covariance and distances
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         self.means_ = class_means(h, y, z.shape[1], "Mahalanobis")  # (C, D)
         self.precision_ = precision(tied_covariance(h, y, self.means_))
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         probs = torch.softmax(z.double(), dim=1).cpu().numpy()
         return Prediction(probs, probability_scores(probs) | {"md": self._score(h, z)})
 
-    def _score(self, h, z, **_) -> np.ndarray:  # noqa: ANN001
+    def _score(self, h, z, **_) -> np.ndarray:
         return (-squared_distances(h, self.means_, self.precision_).min(1).values).cpu().numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:

@@ -20,14 +20,14 @@ class MAP(Head):
     reads_fit_rows = reads_hidden = False
     keeps_argmax = True  # the softmax of the backbone's logits
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         return None
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         probs = torch.softmax(z.double(), dim=1).cpu().numpy()
         return Prediction(probs, probability_scores(probs))
 
-    def _score(self, h, z, *, layers, device):  # noqa: ANN001, ANN202
+    def _score(self, h, z, *, layers, device):
         """MP alone: ``max_i softmax(z)_i = 1 / sum_i exp(z_i - max z)``, no (N, C) output
         (:func:`~etn_cli.heads.scorers.softmax_terms.max_probability`)."""
         return max_probability(z).cpu().numpy()

@@ -58,7 +58,7 @@ class MapEDL(Head):
     def _build(self, n_features: int, n_classes: int) -> None:
         self.module_ = EvidentialLinear(n_features, n_classes, self.config.b_init)
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         self._build(h.shape[1], z.shape[1])
         self.module_.linear = linear_from_classifier(classifier, h.shape[1], z.shape[1])
@@ -73,7 +73,7 @@ class MapEDL(Head):
         ).record()  # fmt: skip
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         lin = self.module_.linear
         logits = F.linear(h.double(), lin.weight.double(), lin.bias.double())  # (N, C)
         alpha = evidence(logits, self.module_.b.double()).cpu().numpy()  # float64: no underflow

@@ -57,11 +57,11 @@ class MCDropout(Head):
     Config = MCDropoutConfig
     needs_classifier = True
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         self.weight_, self.bias_ = classifier_tensors(classifier, h.shape[1], z.shape[1])
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         cfg = self.config
         keep = keep_masks(seed_key(cfg.seed), cfg.passes, h.shape[1], cfg.p)  # (S, 1, D)
         keep = torch.from_numpy(keep).to(h.device)

@@ -32,7 +32,7 @@ class ODIN(Head):
     seed_free = True
     Config = ODINConfig
 
-    def __init__(self, **settings) -> None:  # noqa: ANN003
+    def __init__(self, **settings) -> None:
         super().__init__(**settings)
         self.perturbed_: bool | None = None  # known after fit: did the features carry x'?
 
@@ -47,7 +47,7 @@ class ODIN(Head):
         """Perturbed ODIN runs the backbone twice (x, then x') plus one backward pass."""
         return 2 if self.perturbed_ else 1
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         self.perturbed_ = ODIN_LAYER in layers
         if self.perturbed_:
             self._odin_logits(layers, z.shape[1])
@@ -66,7 +66,7 @@ class ODIN(Head):
             )
         return scaled
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         if self.perturbed_:
             scaled = self._odin_logits(layers, z.shape[1])
         else:

@@ -101,7 +101,7 @@ def softplus_from_sigmoid(u: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 class _ScalarLogDensity(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, kernel, a, z, b, labels, nu):  # noqa: ANN001, ANN205
+    def forward(ctx, kernel, a, z, b, labels, nu):
         c_y, c_other = target_log_pi(z.shape[-1], nu)
         density, *sums = kernel(a, z, b, labels, c_y, c_other)
         ctx.save_for_backward(*sums)
@@ -109,7 +109,7 @@ class _ScalarLogDensity(torch.autograd.Function):
         return density
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         alpha0, sz_sum, digamma_sz, digamma_sum, sz_y = ctx.saved_tensors
         num_classes, gap, c_other = ctx.constants
         k = torch.digamma(alpha0) + c_other  # (M, B)
@@ -153,7 +153,7 @@ def scalar_log_density(
         if kernel is not None:
             try:
                 return _ScalarLogDensity.apply(kernel, a, z, b, labels, nu)
-            except Exception as error:  # noqa: BLE001 - no compiler, unsupported platform
+            except Exception as error:
                 log.warning("ETN: compiling the fused loss failed (%s); using eager.", error)
                 _compiled["kernel"] = None
     return expected_dirichlet_log_density(F.softplus(a * z) + b, labels, nu)

@@ -87,7 +87,7 @@ class SNGP(Head):
             torch.manual_seed(cfg.seed)
             self.gp_ = RandomFeatureGP(n_features, n_classes, cfg)
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         self._build(h.shape[1], z.shape[1])
         self.gp_.mean.copy_(h.mean(0))
@@ -128,7 +128,7 @@ class SNGP(Head):
         return torch.stack([((phi @ cov.double()) * phi).sum(1) for cov in self.covariance_], 1)
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         rows = max(1, 2**22 // self.config.random_features)
         parts = [self._chunk(h[i : i + rows]) for i in range(0, len(h), rows)]
         probs = np.concatenate(parts)  # (N, C)

@@ -103,7 +103,7 @@ class Static(Head):
             n_scale = 1 if self.config.variant == "scalar" else n_classes
             self.module_ = StaticScale(n_scale, self.config, a_start)
 
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         self.a_start_ = cfg.a_init
         if cfg.init == "search":
@@ -128,7 +128,7 @@ class Static(Head):
         return self.config.variant == "scalar"  # one positive scale for every logit
 
     @torch.no_grad()
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         if self.config.variant == "matrix":
             a = apply_softplus_diagonal(self.module_.a_raw.double())  # (C, C)
             b = F.softplus(self.module_.b_raw.double())

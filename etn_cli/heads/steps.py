@@ -106,7 +106,7 @@ class Steps:
         try:
             with torch.cuda.graph(graph):
                 self.step(*(t[self.idx] for t in self.data))
-        except Exception as error:  # noqa: BLE001 - an operation a graph cannot hold
+        except Exception as error:
             self.capturing = False
             self.failure = f"{type(error).__name__}: {str(error).splitlines()[0]}"
             log.warning("Training steps run eagerly: a CUDA graph failed (%s).", self.failure)

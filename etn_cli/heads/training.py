@@ -14,7 +14,7 @@ from etn_cli.errors import EtnError
 from etn_cli.heads.steps import Steps
 
 
-def progress(iterable, desc: str, total: int | None = None):  # noqa: ANN001, ANN201
+def progress(iterable, desc: str, total: int | None = None):
     """A tqdm bar on a terminal, silent otherwise (cron, CI, pipes, ``-q``)."""
     from etn_cli.progress import bar
 

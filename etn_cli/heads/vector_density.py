@@ -51,7 +51,7 @@ def vector_density(
 
 class _VectorLogDensity(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, kernel, a, z, b, labels, nu):  # noqa: ANN001, ANN205
+    def forward(ctx, kernel, a, z, b, labels, nu):
         c_y, c_other = target_log_pi(z.shape[-1], nu)
         onehot = F.one_hot(labels, z.shape[-1]).to(z.dtype)  # (B, C)
         density, alpha0, digamma, sz = kernel(a, z, b, onehot, c_y, c_other)
@@ -60,7 +60,7 @@ class _VectorLogDensity(torch.autograd.Function):
         return density
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         alpha0, digamma, sz, onehot = ctx.saved_tensors
         gap, c_other = ctx.constants
         k = torch.digamma(alpha0) + c_other  # (M, B)
@@ -95,7 +95,7 @@ def vector_log_density(
         if bound < LARGEST:
             try:
                 return _VectorLogDensity.apply(_kernel(), a, z, b, labels, nu)
-            except Exception as error:  # noqa: BLE001 - no compiler, unsupported platform
+            except Exception as error:
                 log.warning("ETN: compiling the fused vector loss failed (%s); eager.", error)
                 _compiled["failed"] = True
     return expected_dirichlet_log_density(F.softplus(a * z) + b, labels, nu)
@@ -123,7 +123,7 @@ class _GammaLogDensity(torch.autograd.Function):
     shape and rate (implicit reparameterisation) and in ``b``."""
 
     @staticmethod
-    def forward(ctx, kernel, shape, rate, normal, z, b, labels, nu):  # noqa: ANN001, ANN205
+    def forward(ctx, kernel, shape, rate, normal, z, b, labels, nu):
         c_y, c_other = target_log_pi(z.shape[-1], nu)
         onehot = F.one_hot(labels, z.shape[-1]).to(z.dtype)  # (B, C)
         table = quantile_table()
@@ -133,7 +133,7 @@ class _GammaLogDensity(torch.autograd.Function):
         return density
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         rate, g_dxdk, g_x, g_b = ctx.saved_tensors
         grad = grad.unsqueeze(-1)  # (B, 1)
         grad_shape = grad * g_dxdk / rate
@@ -163,7 +163,7 @@ def vector_gamma_log_density(
                 return _GammaLogDensity.apply(
                     _gamma_kernel(), shape, rate, normal, z, b, labels, nu
                 )
-            except Exception as error:  # noqa: BLE001 - no compiler, unsupported platform
+            except Exception as error:
                 log.warning("ETN: compiling the fused vector loss failed (%s); eager.", error)
                 _compiled["failed"] = True
     gamma = torch.distributions.Gamma(shape, rate, validate_args=False)

@@ -109,7 +109,7 @@ def npz_arrays(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def npy_declared_bytes(handle) -> int:  # noqa: ANN001
+def npy_declared_bytes(handle) -> int:
     """The bytes an ``.npy`` header declares for its array (header included)."""
     major, _ = np.lib.format.read_magic(handle)
     read_header = {1: np.lib.format.read_array_header_1_0, 2: np.lib.format.read_array_header_2_0}

@@ -222,7 +222,7 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
 
     def unit(
         role: str, dataset: str, split: str, name: str, rows: int | None = None, part=None
-    ) -> FeatureUnit:  # noqa: ANN001
+    ) -> FeatureUnit:
         source = checked_source(pipeline, dataset, split)
         fp = {
             "backbone": backbone_fp,

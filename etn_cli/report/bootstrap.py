@@ -91,7 +91,7 @@ class Predictions:
     def _score(self, eval_set: str, score: str) -> np.ndarray:
         return id_score(score, self.sets[eval_set][SCORE_PREFIX + score].to_numpy())
 
-    def _compute(self, task, eval_set, family, score, draws) -> dict[str, np.ndarray]:  # noqa: ANN001
+    def _compute(self, task, eval_set, family, score, draws) -> dict[str, np.ndarray]:
         test = self.sets[self.id_dataset]
         w_id = draws.rows(self.id_dataset, test.height)
         if task == "id":

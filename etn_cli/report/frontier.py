@@ -198,7 +198,7 @@ def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.asarray(front, dtype=np.int64)
 
 
-def _scatter(ax, results: list[Result], column: str, xlabel: str, lower_better: bool) -> None:  # noqa: ANN001
+def _scatter(ax, results: list[Result], column: str, xlabel: str, lower_better: bool) -> None:
     """One marker per result, its 95% interval over seeds as a vertical bar (and for runtime
     the fastest..slowest timing as a horizontal one), Pareto-front results labelled."""
     x = np.array([r.acc if column == "acc" else r.runtime[0] for r in results])  # type: ignore[index]
@@ -229,7 +229,7 @@ def _scatter(ax, results: list[Result], column: str, xlabel: str, lower_better: 
     _label(ax, [(x[i], y[i], results[i].label) for i in front])
 
 
-def _label(ax, points: list[tuple[float, float, str]]) -> None:  # noqa: ANN001
+def _label(ax, points: list[tuple[float, float, str]]) -> None:
     """Name each point beside it; labels that would overlap are pushed apart vertically (in
     display space) and joined to their point by a thin line."""
     if not points:
@@ -259,7 +259,7 @@ def _label(ax, points: list[tuple[float, float, str]]) -> None:  # noqa: ANN001
         )  # fmt: skip
 
 
-def _ranked(ax, results: list[Result], xlabel: str, lower_better: bool) -> list[Result]:  # noqa: ANN001
+def _ranked(ax, results: list[Result], xlabel: str, lower_better: bool) -> list[Result]:
     """A dot plot, best first from the top: each result's quality with its 95% interval;
     returns the results in their order from the top."""
     ordered = sorted(results, key=lambda r: r.quality, reverse=not lower_better)
@@ -277,7 +277,7 @@ def _ranked(ax, results: list[Result], xlabel: str, lower_better: bool) -> list[
     return ordered
 
 
-def _ranked_runtime(ax, ordered: list[Result]) -> None:  # noqa: ANN001
+def _ranked_runtime(ax, ordered: list[Result]) -> None:
     """Beside the ranked dot plot, on the same rows: each result's median time per sample,
     the bar from its fastest to its slowest timing."""
     y = np.arange(len(ordered))[::-1]
@@ -299,7 +299,7 @@ def _ranked_runtime(ax, ordered: list[Result]) -> None:  # noqa: ANN001
     ax.grid(alpha=0.3, axis="x")
 
 
-def _legend(fig, results: list[Result]) -> None:  # noqa: ANN001
+def _legend(fig, results: list[Result]) -> None:
     from matplotlib.lines import Line2D
 
     present = [f for f in FAMILY_ORDER if any(r.family == f for r in results)]

@@ -131,7 +131,7 @@ UNPAIRED = "<unpaired>"  # no score of the reference faces this cell (None is a 
 HEADLINE_METRICS = ("auroc", "fpr95")  # the summary's columns that rank by the headline score
 
 
-def _paired_score(row, key, reference, pairing, headline, seeds_of) -> str | None:  # noqa: ANN001
+def _paired_score(row, key, reference, pairing, headline, seeds_of) -> str | None:
     """The reference's score that the table sets beside ``row``'s, or :data:`UNPAIRED`."""
     score, where = row["score"], (row["task"], row["eval_set"], row["metric"])
     if row["task"] == "ood" and row["metric"] in HEADLINE_METRICS and pairing == "headline":
@@ -164,7 +164,7 @@ def interval(replicates: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _record(row, reference, theirs, pairs, diffs, draws) -> dict[str, Any]:  # noqa: ANN001
+def _record(row, reference, theirs, pairs, diffs, draws) -> dict[str, Any]:
     """The comparison row of one cell from its per-pair differences (S, B + 1)."""
     replicates = diffs[0, 1:]
     if len(pairs) >= 2:  # seeds drawn too

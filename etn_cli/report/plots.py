@@ -92,7 +92,7 @@ def sweep_plots(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Pa
     return written
 
 
-def save_figure(figure, folder: Path, stem: str) -> list[Path]:  # noqa: ANN001
+def save_figure(figure, folder: Path, stem: str) -> list[Path]:
     """Write ``figure`` as ``<stem>.png`` and ``<stem>.pdf`` atomically, then close it."""
     paths = []
     for fmt in PLOT_FORMATS:
@@ -104,7 +104,7 @@ def save_figure(figure, folder: Path, stem: str) -> list[Path]:  # noqa: ANN001
     return paths
 
 
-def _figure(summary, method, setting, rest, members, metric):  # noqa: ANN001, ANN202
+def _figure(summary, method, setting, rest, members, metric):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,7 +170,7 @@ def _common_label(labels: list[str]) -> str:
     return heads.pop() if len(heads) == 1 else ""
 
 
-def _series(summary, labels, task, eval_set, metric, score):  # noqa: ANN001, ANN202
+def _series(summary, labels, task, eval_set, metric, score):
     """Mean and CI half-width per label, NaN where the head has no such score."""
     rows = summary.filter(
         (pl.col("task") == task)
@@ -203,7 +203,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")
 
 
-def _close(figure) -> None:  # noqa: ANN001
+def _close(figure) -> None:
     from matplotlib import pyplot as plt
 
     plt.close(figure)

@@ -138,7 +138,7 @@ def shared_panels(labels: list[str], bins: dict[str, tuple]) -> list[list[str]]:
     return list(groups.values())
 
 
-def _panel(ax, title, n, confidence, accuracy, ece, seeds) -> None:  # noqa: ANN001
+def _panel(ax, title, n, confidence, accuracy, ece, seeds) -> None:
     """Grey bars: the share of predictions per bin; blue: accuracy at each bin's mean
     confidence (marker area grows with the bin's count), the line joining only bins with at
     least :data:`SPARSE_BIN` predictions per seed, sparser bins hollow; dashed: perfect

@@ -227,7 +227,7 @@ def _plots(
     drawn = record.get("drawn", {}) if record.get("key") == key else {}
     files: list[Path] = []
 
-    def ranking(name: str):  # noqa: ANN202
+    def ranking(name: str):
         return lambda: sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
 
     plots = {name: ranking(name) for name in wanted}

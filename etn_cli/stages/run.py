@@ -123,7 +123,7 @@ def ensure_data_dir(data_dir: Path) -> Path:
     return Path(data_dir)
 
 
-def unit_count(plan) -> int:  # noqa: ANN001
+def unit_count(plan) -> int:
     """How many units ``etn run`` goes through for ``plan`` (the ``[k/N]`` of its lines), the
     same units ``etn status`` and ``--dry-run`` list: the fine-tuned backbone, the feature
     splits, the backbone's classifier (saved when etn extracts), the heads and their metrics."""

@@ -78,7 +78,7 @@ class Shaping(Scorer):
     reads_fit_rows = False  # the classifier only
     shape_rows = staticmethod(ash_s)
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         self.weight_, self.bias_ = classifier["weight"], classifier["bias"]
 
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

@@ -39,14 +39,14 @@ class Scorer(Head):
     energy_of_logits: ClassVar[bool] = False  # the score is logsumexp of ``scorer_logits``
     seed_free = True
 
-    def __init_subclass__(cls, **kwargs) -> None:  # noqa: ANN003
+    def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "score_name" in cls.__dict__:
             register_score(cls.score_name, cls.higher_means_id)
             cls.own_score = cls.score_name
 
     # --------------------------------------------------------------- for each scorer
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         """Learn the scorer's state from ``h`` (N, D), ``z`` (N, C), ``y`` (N,) and the
         classifier (``weight``, ``bias``) or None; nothing to learn by default."""
 
@@ -67,7 +67,7 @@ class Scorer(Head):
         return type(self).scorer_logits is Scorer.scorer_logits
 
     # --------------------------------------------------------------- Head plumbing
-    def _fit(self, h, z, y, *, classifier, layers, device) -> None:  # noqa: ANN001
+    def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         if classifier is not None:
             classifier = {k: torch.as_tensor(v).float().to(device) for k, v in classifier.items()}
             check_classifier(classifier, h.shape[1], z.shape[1])
@@ -75,7 +75,7 @@ class Scorer(Head):
         # the layout a checkpoint restores, so a loaded scorer computes bit for bit the same
         self._load_state({k: v.detach().contiguous() for k, v in self._state().items()})
 
-    def _predict(self, h, z, *, layers, device) -> Prediction:  # noqa: ANN001
+    def _predict(self, h, z, *, layers, device) -> Prediction:
         logits, scores = [], []
         for start in range(0, len(h), SCORE_ROWS):
             hc, zc = h[start : start + SCORE_ROWS], z[start : start + SCORE_ROWS]
@@ -87,7 +87,7 @@ class Scorer(Head):
         own = {self.score_name: torch.cat(scores).cpu().numpy()}
         return Prediction(probs, probability_scores(probs) | own)
 
-    def _score(self, h, z, *, layers, device) -> np.ndarray:  # noqa: ANN001
+    def _score(self, h, z, *, layers, device) -> np.ndarray:
         parts = [
             self.score_rows(h[s : s + SCORE_ROWS], z[s : s + SCORE_ROWS])
             for s in range(0, len(h), SCORE_ROWS)

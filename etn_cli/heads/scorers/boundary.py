@@ -26,7 +26,7 @@ class FDBD(Scorer):
     needs_classifier = True
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         self.mean_ = h.mean(0).double()  # float32's cascaded sum: within 1e-7 of float64's
         w = classifier["weight"].double()
         gaps = torch.cdist(w, w)  # ||w_k - w_i|| (C, C)
@@ -52,7 +52,7 @@ class SHE(Scorer):
     score_name = "she"
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         correct = z.argmax(dim=1) == y
         counts = torch.bincount(y[correct], minlength=z.shape[1])
         if (counts == 0).any():

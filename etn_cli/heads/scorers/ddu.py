@@ -80,7 +80,7 @@ class DDU(Scorer):
     version = 1  # issue 29: a jitter clear of rounding noise
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         classes, dim = z.shape[1], h.shape[1]
         gib = classes * dim * dim * 8 * 2 / 2**30  # covariances and their inverse factors
         if gib > self.config.memory_limit_gib:

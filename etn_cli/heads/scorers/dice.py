@@ -29,7 +29,7 @@ class DICE(Scorer):
     energy_of_logits = True
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         weight = classifier["weight"]  # (C, D)
         contribution = weight * h.double().mean(dim=0).float()  # (C, D)
         threshold = np.percentile(contribution.cpu().numpy(), self.config.sparsity)

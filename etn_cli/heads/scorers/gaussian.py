@@ -46,7 +46,7 @@ class MahalanobisPP(Whitened, Scorer):
     version = 1  # issue 29: float64 covariance and distances
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         scale = inverse_norms(h)  # float64 unit rows: a float32 one blurs correlated units
         self.means_ = class_means(h, y, z.shape[1], "Mahalanobis++", scale)
         self.precision_ = precision(tied_covariance(h, y, self.means_, scale))
@@ -77,7 +77,7 @@ class RMDS(Whitened, Scorer):
     version = 1  # issue 29: float64 covariance and distances
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         self.means_ = class_means(h, y, z.shape[1], "RMDS")
         within = second_moment(h, self.means_, y)
         counts = torch.bincount(y, minlength=z.shape[1])

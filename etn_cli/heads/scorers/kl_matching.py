@@ -24,7 +24,7 @@ class KLMatching(Scorer):
     needs_id_statistics = True
     reads_hidden = False
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         classes = z.shape[1]
         predicted = z.argmax(dim=1)  # the softmax's argmax
         sums = torch.zeros(classes, classes, dtype=torch.float64, device=z.device)  # (C, C)

@@ -36,7 +36,7 @@ class KNN(Scorer):
     score_name = "knn"
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         check_bank(len(h), self.config.k, "knn")
         self.bank_ = normalise(h)
 
@@ -62,7 +62,7 @@ class NNGuide(Scorer):
     score_name = "nnguide"
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         check_bank(len(h), self.config.k, "nnguide")
         self.bank_ = normalise(h) * energy(z).float()[:, None]
 

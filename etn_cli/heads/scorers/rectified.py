@@ -83,7 +83,7 @@ class ReAct(Scorer):
     energy_of_logits = True
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         (threshold,) = activation_percentiles(h, [self.config.percentile])
         self.threshold_ = torch.tensor(threshold)
         self.weight_, self.bias_ = classifier["weight"], classifier["bias"]
@@ -112,7 +112,7 @@ class VRA(Scorer):
     energy_of_logits = True
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         c = self.config
         lo, hi = activation_percentiles(h, [c.lower_percentile, c.upper_percentile])
         lo, hi = (lo if c.lower is None else c.lower), (hi if c.upper is None else c.upper)

@@ -43,7 +43,7 @@ class Subspace(Scorer):
     needs_classifier = True
     needs_id_statistics = True
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         d = principal_dim(self.config.dim, h.shape[1])
         if not 0 < d < h.shape[1]:
             raise EtnError(
@@ -88,7 +88,7 @@ class ViM(Subspace):
     label = "ViM"
     score_name = "vim"
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         super().fit_scorer(h, z, y, classifier)
         max_logit = z.max(dim=1).values.double().mean()
         self.alpha_ = max_logit / self.residual(h).mean()

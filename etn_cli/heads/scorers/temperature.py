@@ -31,7 +31,7 @@ class TemperatureScaling(Scorer):
     version = 1  # issue 29: the fallback where the NLL has no finite optimum
     reads_hidden = False
 
-    def fit_scorer(self, h, z, y, classifier) -> None:  # noqa: ANN001
+    def fit_scorer(self, h, z, y, classifier) -> None:
         if torch.unique(y).numel() < 2:
             raise EtnError(
                 "Temperature scaling needs labelled adaptation samples of 2+ classes, found one. "

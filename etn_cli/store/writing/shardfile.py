@@ -164,7 +164,7 @@ def read_shard_into(
         check_finite(out[key][start:stop], describe(key), f"shard {name}", 0, fix)
 
 
-def _read_checked(dataset: h5py.Dataset, out: np.ndarray, checksum, name: str, key: str) -> None:  # noqa: ANN001
+def _read_checked(dataset: h5py.Dataset, out: np.ndarray, checksum, name: str, key: str) -> None:
     """Read ``dataset`` into ``out``; if a checksum is recorded, the values must match it."""
     if checksum is None or dataset.dtype == out.dtype:
         dataset.read_direct(out)  # HDF5 converts float16/int32 on the fly

@@ -30,7 +30,7 @@ def value_checksum(array: np.ndarray) -> str:
     return f"{SCHEME}:{digest.hexdigest()}"
 
 
-def recorded_checksum(attrs) -> str | None:  # noqa: ANN001
+def recorded_checksum(attrs) -> str | None:
     """The checksum an etn shard's dataset carries (h5py attributes), or None (older shards)."""
     found = attrs.get(ATTRIBUTE)
     if found is None:
