@@ -8,7 +8,7 @@ low="$(mktemp -d)/venv"
 python -m venv --system-site-packages "$low"
 "$low/bin/python" -m pip install -q -r .ci/minimum-versions.txt
 "$low/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
-PATH="$low/bin:$PATH" "$low/bin/python" -m pytest -q -p no:cacheprovider \
+PATH="$low/bin:$PATH" "$low/bin/python" -m pytest -q -p no:cacheprovider -n 0 \
   tests/test_llm.py tests/test_dependencies.py \
   tests/test_cli_conventions.py \
   -k "llm or dependencies or names_itself or help_version or every_format_parses or args0 or args3"

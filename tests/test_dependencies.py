@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-UNPINNED = {"torch", "torchvision", "pytest", "ruff", "pytorch-ood"}  # see the pins' header
+UNPINNED = {"torch", "torchvision", "pytest", "pytest-xdist", "ruff", "pytorch-ood"}  # see the pins
 
 
 def floors() -> dict[str, str]:
