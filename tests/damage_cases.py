@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -166,14 +165,6 @@ def run_in_process(pipeline: Path, data: Path) -> tuple[int, str, str]:
         error = result.exception
         stderr += "Traceback\n" + "".join(traceback.format_exception(error))
     return result.exit_code, result.stdout, stderr
-
-
-STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d ")
-
-
-def unstamped(stderr: str) -> list[str]:
-    """The lines of a log written off a terminal, without their ISO 8601 time stamps."""
-    return [STAMP.sub("", line) for line in stderr.splitlines()]
 
 
 def judge(code: int, stdout: str, stderr: str, clean: list[dict], data: Path) -> Outcome:

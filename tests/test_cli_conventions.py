@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import h5py
 import numpy as np
 import polars as pl
 import pytest
+from cli_runner import STAMP
 from conftest import QuickStart
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,9 +80,6 @@ def finished(project: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
     done = etn("run", project / "conv.toml", "-d", data)
     assert done.returncode == 0, done.stderr
     return project / "conv.toml", data, done
-
-
-STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d ")
 
 
 def log_lines(stderr: str) -> list[str]:

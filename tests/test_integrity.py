@@ -19,7 +19,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from damage_cases import KINDS, Case, apply, finished_run, run_case, sample, target, unstamped
+from cli_runner import unstamped
+from damage_cases import KINDS, Case, apply, finished_run, run_case, sample, target
 
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.store.artefacts.sealed import read_sealed, seal_record, sidecar, write_sealed

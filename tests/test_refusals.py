@@ -12,11 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from cli_runner import STAMP
+from test_cli_conventions import write_shards
 
 REPO = Path(__file__).resolve().parents[1]
 ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
-STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d ")
 
 
 def etn(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -301,29 +303,13 @@ name = "map"
 """
 
 
-def write_shards(folder: Path, n: int, shift: float, seed: int) -> None:
-    import h5py
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True)
-    labels = rng.integers(0, 3, n)
-    hidden = np.eye(3, 8)[labels] * 4 + rng.normal(size=(n, 8)) * (1 + shift)
-    with h5py.File(folder / "shard-00000.h5", "w") as f:
-        f.attrs["etn_format"] = 1
-        f["hidden"] = hidden.astype(np.float32)
-        f["logits"] = (hidden[:, :3] * 2).astype(np.float32)
-        f["labels"] = labels.astype(np.int64)
-        f["index"] = np.arange(n, dtype=np.int64)
-
-
 def test_on_a_terminal_a_run_prints_one_line_per_finished_unit(tmp_path: Path) -> None:
     """Under a pseudo-terminal: no time stamps, a ``started`` line only for a unit that ran
     longer than 2 s, and a closing line within 100 columns."""
     import pty
 
     for name, n, shift, seed in (("adapt", 60, 0, 0), ("test", 90, 0, 1), ("far", 60, 2, 2)):
-        write_shards(tmp_path / "mine" / name, n, shift, seed)
+        write_shards(tmp_path / "mine" / name, np.random.default_rng(seed), n, shift)
     (tmp_path / "own.toml").write_text(FEATURES)
     screen, terminal = pty.openpty()
     done = subprocess.run(
