@@ -45,6 +45,19 @@ def test_each_heads_settings_in_the_table_are_its_config() -> None:
         assert head.Config is settings_of(name), name
 
 
+def test_each_backbones_settings_in_the_table_are_its_config() -> None:
+    """What a pipeline's [backbone] and [finetune] tables are checked against before torch
+    loads is what the backbone itself builds its options from."""
+    from etn_cli.backbones import backbones, settings_of
+
+    for name in backbones.names():
+        backbone = backbones.get(name)
+        assert backbone.name == name
+        options, finetune = settings_of(name)
+        assert backbone.Config is options, name
+        assert getattr(backbone, "FinetuneConfig", None) is finetune, name
+
+
 def test_every_alias_finds_a_head_that_is_registered() -> None:
     from etn_cli.heads import ALIASES, heads
 
