@@ -273,7 +273,7 @@ def check_names(pipeline: Pipeline) -> None:
     first, with the same lines, and then what needs the sources themselves (their splits,
     their files)."""
     from etn_cli.backbones import backbones
-    from etn_cli.datasets import datasets
+    from etn_cli.datasets import check_options, datasets
     from etn_cli.heads import heads, settings_of
 
     for spec in pipeline.heads:
@@ -301,6 +301,13 @@ def check_names(pipeline: Pipeline) -> None:
             check_groups(pipeline.data.groups, pipeline.data.ood, "[data.groups]")
         except EtnError as err:
             raise EtnError(f"{pipeline.path} {err}") from None
+        for name, options in pipeline.data.options.items():
+            where = f"[data.options.{name}]"
+            try:
+                check_options(name, options, where)
+            except EtnError as err:  # said once: "<file> [data.options.x]: Unknown key ..."
+                message = str(err).replace(f" in {where}", "", 1).removeprefix(f"{where} ")
+                raise EtnError(f"{pipeline.path} {where}: {message}") from None
 
 
 def check_backbone_settings(pipeline: Pipeline) -> None:
