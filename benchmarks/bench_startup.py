@@ -8,6 +8,9 @@ figures are the times and their ratio to that reference, so they compare across 
 * ``etn --help``
 * ``etn run bad.toml``: the digits pipeline with one misspelt head setting (``prior_mod``),
   refused in one line; nothing else happens
+* the same kind of refusal for a misspelt ``[backbone]`` option (``--set backbone.epochz=3``),
+  an option given to a dataset that takes none (``--set data.options.digits.size=3``), and
+  ``etn predict`` with a threshold that is no number or an ``--out`` that is no Parquet or CSV
 * ``etn run pipelines/digits.toml --dry-run`` into an empty data directory: plans every unit
   (this one loads torch and the heads) and prints what a run would build
 
@@ -59,10 +62,20 @@ def main() -> None:
         bad = Path(tmp) / "bad.toml"
         bad.write_text(DIGITS.read_text().replace("prior_mode = 10", "prior_mod = 10", 1))
         data = str(Path(tmp) / "data")
+        run = [*etn, "run", str(DIGITS), "-d", data]
+        predict = [*etn, "predict", str(DIGITS), "digits:test", "-d", data]
         cases = [
             ('python -c "import torch"', [sys.executable, "-c", "import torch"], 0),
             ("etn --help", [*etn, "--help"], 0),
             ("etn run bad.toml (misspelt key)", [*etn, "run", str(bad), "-d", data], 2),
+            ("etn run --set backbone.epochz=3", [*run, "--set", "backbone.epochz=3"], 2),
+            (
+                "etn run --set data.options.digits.size=3",
+                [*run, "--set", "data.options.digits.size=3"],
+                2,
+            ),
+            ("etn predict --threshold mi=abc", [*predict, "--threshold", "mi=abc"], 2),
+            ("etn predict --out rows.txt", [*predict, "--out", "rows.txt"], 2),
             (
                 "etn run pipelines/digits.toml --dry-run",
                 [*etn, "run", str(DIGITS), "--dry-run", "-d", data],

@@ -45,6 +45,35 @@ def test_each_heads_settings_in_the_table_are_its_config() -> None:
         assert head.Config is settings_of(name), name
 
 
+def test_each_backbones_settings_in_the_table_are_its_config() -> None:
+    """What a pipeline's [backbone] and [finetune] tables are checked against before torch
+    loads is what the backbone itself builds its options from."""
+    from etn_cli.backbones import backbones, settings_of
+
+    for name in backbones.names():
+        backbone = backbones.get(name)
+        assert backbone.name == name
+        options, finetune = settings_of(name)
+        assert backbone.Config is options, name
+        assert getattr(backbone, "FinetuneConfig", None) is finetune, name
+
+
+def test_each_datasets_options_in_the_table_are_its_own() -> None:
+    """What a pipeline's [data.options.<dataset>] tables are checked against before torch
+    loads is what the source builds its options from; one that takes none refuses any."""
+    from etn_cli.datasets import OPTIONS, check_options, datasets
+
+    for name in datasets.names():
+        source = datasets.get(name)
+        assert getattr(source, "Options", None) is OPTIONS.get(name), name
+        if name not in OPTIONS:
+            with pytest.raises(EtnError, match="takes no options") as light:
+                check_options(name, {"size": 1}, f"[data.options.{name}]")
+            with pytest.raises(EtnError) as heavy:
+                source(size=1)
+            assert str(heavy.value) == str(light.value), name
+
+
 def test_every_alias_finds_a_head_that_is_registered() -> None:
     from etn_cli.heads import ALIASES, heads
 

@@ -13,6 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "pipelines" / "digits.toml"
+IMAGES = ROOT / "examples" / "images.toml"  # the torchvision backbone
+QUESTIONS = ROOT / "examples" / "questions.toml"  # the hf_causal_lm backbone
 HEAVY = ("torch", "h5py", "numpy", "safetensors", "xxhash", "polars", "etn_cli.heads.base")
 # the entry point as `etn` runs it, then the heavy modules it loaded, as JSON on stdout
 PROBE = f"""
@@ -57,6 +59,8 @@ REFUSALS = {  # what is wrong -> (how to make it, in the refusal's line)
     "unknown dataset": ('id = "digits"', 'id = "digit"', "Unknown dataset 'digit'"),
     "unknown backbone": ('name = "digits_cnn"', 'name = "digit_cnn"', "Unknown backbone"),
     "bad head value": ("prior_mode = 10", "prior_mode = -1", "'prior_mode' must be"),
+    "misspelt backbone option": ("odin = true", "odinn = true", "Did you mean 'odin'"),
+    "bad backbone value": ("odin = true", "odin = 3", "key 'odin' expected bool"),
 }
 
 
@@ -81,6 +85,10 @@ def test_a_mistake_in_the_pipeline_file_is_refused_before_torch_loads(
         (["--only", "etm"], "has no [[heads]] named 'etm'"),
         (["--metric", "aurpc"], "Unknown metric 'aurpc'"),
         (["--format", "xml"], "Unknown format 'xml'"),
+        (["--set", "backbone.epochz=3"], "Unknown key 'epochz'"),
+        (["--set", "backbone.dropout=1.5"], "0 <= dropout < 1"),
+        (["--set", "finetune.epochs=3"], "Backbone 'digits_cnn' has no fine-tuning stage"),
+        (["--set", "data.options.digits.size=3"], "Dataset 'digits' takes no options"),
     ],
 )
 def test_a_bad_option_is_refused_before_torch_loads(
@@ -93,3 +101,61 @@ def test_a_bad_option_is_refused_before_torch_loads(
 def test_a_missing_pipeline_file_is_refused_before_torch_loads(tmp_path: Path) -> None:
     code, heavy, stderr = run_etn("run", "nothere.toml", cwd=tmp_path)
     assert code == 2 and "does not exist" in stderr and heavy == [], (stderr, heavy)
+
+
+@pytest.mark.parametrize(
+    "pipeline, option, said",
+    [
+        (IMAGES, "backbone.modell='resnet18'", "Unknown key 'modell'"),
+        (IMAGES, "backbone.dtype='float8'", "key 'dtype' expected one of"),
+        (IMAGES, "finetune.epochz=3", "[finetune]. Did you mean 'epochs'"),
+        (IMAGES, "data.options.image_folder.clases='x.txt'", "Did you mean 'classes'"),
+        (QUESTIONS, "backbone.letterz=['A', 'B']", "Unknown key 'letterz'"),
+        (QUESTIONS, "backbone.letters=['A']", "letters must be at least two"),
+        (QUESTIONS, "finetune.lora_rnk=4", "Did you mean 'lora_rank'"),
+        (QUESTIONS, "data.options.mcqa_jsonl.size=3", "Dataset 'mcqa_jsonl' takes no options"),
+    ],
+)
+def test_a_mistake_in_any_backbone_or_dataset_table_is_refused_before_torch_loads(
+    tmp_path: Path, pipeline: Path, option: str, said: str
+) -> None:
+    args = ("run", str(pipeline), "--set", option, "-d", str(tmp_path / "data"))
+    code, heavy, stderr = run_etn(*args, cwd=tmp_path)
+    assert code == 2 and said in stderr and heavy == [], (stderr, heavy)
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--threshold", "mi=abc"], "--threshold expects SCORE=VALUE"),
+        (["--threshold", "mii=0.2"], "--threshold expects SCORE=VALUE"),
+        (["--out", "rows.txt"], "--out must end in .parquet or .csv"),
+        (["--device", "gpu"], "Unknown device 'gpu'"),
+    ],
+)
+def test_a_bad_predict_option_is_refused_before_torch_loads(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    command = ("predict", str(DIGITS), "digits:test", *args, "-d", str(tmp_path / "data"))
+    code, heavy, stderr = run_etn(*command, cwd=tmp_path)
+    assert code == 2 and said in stderr and heavy == [], (stderr, heavy)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["run", str(DIGITS), "-d", "afile"], "is a file, not a folder"),
+        (["status", str(DIGITS), "-d", "afile"], "is a file, not a folder"),
+        (["verify", "-d", "afile"], "is a file, not a folder"),
+        (["finetune", str(DIGITS), "-d", "data"], "has no [finetune] table"),
+        (["report", "nothere.parquet", "-d", "data"], "Metrics file nothere.parquet does not"),
+        (["import", "nothere.npz", "-o", "out"], "No such file: nothere.npz"),
+    ],
+)
+def test_a_wrong_path_is_refused_before_torch_loads(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    (tmp_path / "afile").write_text("not a folder")
+    code, heavy, stderr = run_etn(*args, cwd=tmp_path)
+    assert code == 2 and said in stderr and heavy == [], (stderr, heavy)

@@ -28,7 +28,6 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from etn_cli.backbones.base import Backbone, backbones
+from etn_cli.backbones.settings import DigitsCNNConfig as Config
 from etn_cli.backbones.torchvision_hooks import named_layers, pool
 from etn_cli.datasets.base import Split
 from etn_cli.datasets.digits import ID_CLASSES, Digits
@@ -48,57 +48,6 @@ from etn_cli.errors import DamagedArtefact, EtnError
 CODE_VERSION = "2"  # bump whenever the architecture or training recipe changes (2: float64)
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "meta.json"  # how the weights were trained, and their sha256 (checked at each load)
-
-
-TRAINING_FIELDS = ("channels", "hidden", "epochs", "lr", "batch_size", "dropout", "seed")
-
-
-@dataclass(frozen=True)
-class Config:
-    """Architecture and training recipe (the :data:`TRAINING_FIELDS`, which make the weights'
-    cache key) and what extract stores besides ``hidden`` and ``logits``:
-
-    * ``layers``: names from ``model.named_modules()`` whose outputs are stored as
-      ``layers/<name>``, 4-D outputs global-average-pooled over H, W, 2-D outputs as they are;
-    * ``odin``: store ``layers/odin = f(x') / T``, the logits at ODIN's perturbed input
-      ``x' = x - eps * sign(-grad_x log S_yhat(x; T))`` divided by ``T``, with ``T`` =
-      ``odin_temperature`` and ``eps`` = ``odin_epsilon`` (Liang et al. 2018's defaults).
-    """
-
-    channels: int = 16
-    hidden: int = 64
-    epochs: int = 20
-    lr: float = 1e-3
-    batch_size: int = 64
-    dropout: float = 0.2
-    seed: int = 0
-    layers: tuple[str, ...] = ()
-    odin: bool = False
-    odin_temperature: float = 1000.0
-    odin_epsilon: float = 0.0014
-
-    def __post_init__(self) -> None:
-        sizes = {k: getattr(self, k) for k in ("channels", "hidden", "epochs", "batch_size")}
-        bad = {k: v for k, v in sizes.items() if v < 1}
-        if bad or self.lr <= 0 or not 0.0 <= self.dropout < 1.0:
-            raise EtnError(
-                f"digits_cnn config expects positive sizes and lr, 0 <= dropout < 1; found "
-                f"{dataclasses.asdict(self)}. Fix these values in the pipeline file."
-            )
-        if self.odin_temperature <= 0 or self.odin_epsilon < 0:
-            raise EtnError(
-                f"digits_cnn config expects odin_temperature > 0 and odin_epsilon >= 0, found "
-                f"{self.odin_temperature} and {self.odin_epsilon}. Fix them in the pipeline file."
-            )
-        repeated = sorted({name for name in self.layers if self.layers.count(name) > 1})
-        if repeated:
-            raise EtnError(
-                f"digits_cnn layers lists {repeated} more than once. List each layer once."
-            )
-
-    def training(self) -> dict[str, Any]:
-        """The fields that determine the trained weights (the cache key's config part)."""
-        return {name: getattr(self, name) for name in TRAINING_FIELDS}
 
 
 class DigitsCNN(nn.Module):

@@ -21,9 +21,8 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -54,57 +53,14 @@ from etn_cli.backbones.lm_forward import (
     postprocess_logits,
     probe_prompt,
 )
-from etn_cli.backbones.lora import LoraSettings
-from etn_cli.backbones.precision import DtypeName, resolve_dtype
-from etn_cli.backbones.prompts import CHOICE_LINE, resolve_template
+from etn_cli.backbones.precision import resolve_dtype
+from etn_cli.backbones.prompts import resolve_template
+from etn_cli.backbones.settings import CausalLMConfig as Config
+from etn_cli.backbones.settings import LoraSettings
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError, require_extra
 
 CODE_VERSION = "1"  # bump when the computation of hidden states or logits changes
-
-
-@dataclass(frozen=True)
-class Config:
-    """``[backbone]`` options of ``hf_causal_lm``; all of them go into the fingerprint."""
-
-    model: str = ""  # hub id ("meta-llama/Llama-3.1-8B") or local folder
-    revision: str | None = None  # hub branch, tag or commit
-    adapter: str | None = None  # peft adapter folder (adapter_model.safetensors)
-    dtype: DtypeName = "auto"  # bfloat16 on CUDA, float32 elsewhere
-    letters: tuple[str, ...] = ("A", "B", "C", "D")
-    # The classes: "letters" (the answer letters, paper Sec. 5.1 "Models": "we restrict the
-    # output space to only the multiple-choice answer tokens") or "vocabulary" (every token,
-    # as the ablation's "C ~ 10^5 for Llama-3.1", Sec. 5.6 "Prior Parameters", reads).
-    class_space: Literal["letters", "vocabulary"] = "letters"
-    prompt_template: str = "default"  # a name in prompts.TEMPLATES or a format string
-    choice_line: str = CHOICE_LINE  # one answer choice: "{letter}. {text}"
-    max_length: int = 2048  # longer prompts lose their beginning (with a warning)
-    layers: tuple[int | str, ...] = ()  # extra pooled layers for dmm: indices, "all", names
-    trust_remote_code: bool = False
-    attn_implementation: str | None = None  # "sdpa", "eager", ...; None: transformers' choice
-
-    def __post_init__(self) -> None:
-        if not self.model:
-            raise EtnError(
-                'hf_causal_lm needs model = "<hub id or folder>" in [backbone], e.g. '
-                'model = "meta-llama/Llama-3.1-8B".'
-            )
-        letters = self.letters
-        if (
-            len(letters) < 2
-            or len(set(letters)) != len(letters)
-            or not all(letter and letter == letter.strip() for letter in letters)
-        ):
-            raise EtnError(
-                f"letters must be at least two distinct non-empty strings without surrounding "
-                f"spaces, got {list(letters)}. Use e.g. letters = ['A', 'B', 'C', 'D']."
-            )
-        if self.max_length < 16:
-            raise EtnError(f"max_length must be at least 16 tokens, got {self.max_length}.")
-        resolve_template(self.prompt_template, self.choice_line)
-        bad = [s for s in self.layers if isinstance(s, str) and ("/" in s or not s.strip("."))]
-        if bad:
-            raise EtnError(f"layers entries {bad} cannot name stored arrays; drop the '/'.")
 
 
 @backbones.register("hf_causal_lm")

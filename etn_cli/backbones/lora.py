@@ -21,7 +21,6 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +31,7 @@ import torch.nn.functional as F
 from etn_cli import progress
 from etn_cli.backbones.hf_files import ADAPTER_WEIGHTS, first_line
 from etn_cli.backbones.lm_forward import pad_left
+from etn_cli.backbones.settings import LoraSettings
 from etn_cli.config import build_config, config_dict
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
@@ -57,35 +57,6 @@ class LetterModel(Protocol):
     def load_base_model(self) -> Any: ...
 
     def letter_logits_of(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """``[finetune]`` keys for ``hf_causal_lm``; the defaults are the paper's."""
-
-    epochs: int = 3
-    batch_size: int = 4
-    lr: float = 2.5e-4
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.1  # the LoRA dropout the paper's MC-dropout baseline uses
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    weight_decay: float = 0.0
-    seed: int = 0
-    gradient_checkpointing: bool = False  # trade compute for memory on long prompts
-
-    def __post_init__(self) -> None:
-        sizes = (self.epochs, self.batch_size, self.lora_rank)
-        if min(sizes) < 1 or self.lr <= 0 or self.lora_alpha <= 0 or not self.target_modules:
-            raise EtnError(
-                f"[finetune] expects positive epochs, batch_size, lora_rank, lr and lora_alpha "
-                f"and at least one target module; found {config_dict(self)}. Fix these values."
-            )
-        if not 0.0 <= self.lora_dropout < 1.0 or self.weight_decay < 0:
-            raise EtnError(
-                f"[finetune] expects 0 <= lora_dropout < 1 and weight_decay >= 0; found "
-                f"{self.lora_dropout} and {self.weight_decay}."
-            )
 
 
 def finetune_lora(

@@ -14,12 +14,9 @@ so the key written by ``etn status`` on a laptop equals the one ``etn run`` uses
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 def resolve_dtype(dtype: str, device: torch.device | str) -> str:

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -49,72 +48,14 @@ from etn_cli.backbones.image_inputs import (
     collate_images,
     override,
 )
-from etn_cli.backbones.precision import DTYPES, DtypeName, resolve_dtype
+from etn_cli.backbones.precision import DTYPES, resolve_dtype
+from etn_cli.backbones.settings import TorchvisionConfig as Config
+from etn_cli.backbones.settings import TorchvisionFinetuneConfig as FinetuneConfig
 from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
-from etn_cli.backbones.vision_finetune import FinetuneConfig
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError, require_extra
 
 CODE_VERSION = "1"  # bump whenever extraction or fine-tuning changes for the same inputs
-
-
-@dataclass(frozen=True)
-class Config:
-    """Options of the ``torchvision`` backbone; every field except ``download`` changes the
-    fingerprint. ``resize`` / ``crop`` / ``mean`` / ``std`` / ``interpolation`` left unset keep
-    the weights' (or the default) preprocessing."""
-
-    model: str = "resnet50"
-    weights: str = "DEFAULT"
-    checkpoint: str | None = None  # your own model: a state dict for ``model``, or TorchScript
-    num_classes: int | None = None
-    seed: int = 0  # random initialisation with weights = "none"
-    download: bool = False
-    dtype: DtypeName = "auto"
-    transforms: str | None = None  # preprocessing of these torchvision weights
-    resize: int | None = None
-    crop: int | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = None
-    dropout: float | None = None  # for builders that take it (VGG: 0.5 unless set)
-    classifier: str | None = None  # the final linear layer (default: the last nn.Linear)
-    classifier_layer: str | None = None  # the earlier name of ``classifier``
-    features: str | None = None  # the module whose output is the hidden state
-    layers: tuple[str, ...] = ()
-    odin: bool = False
-    odin_temperature: float = 1000.0
-    odin_epsilon: float = 0.0014
-
-    def __post_init__(self) -> None:
-        if self.num_classes is not None and self.num_classes < 2:
-            raise EtnError(f"num_classes must be at least 2, got {self.num_classes}.")
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise EtnError(f"dropout must lie in [0, 1), got {self.dropout}. Fix it.")
-        if self.odin_temperature <= 0 or self.odin_epsilon < 0:
-            raise EtnError(
-                f"torchvision config expects odin_temperature > 0 and odin_epsilon >= 0, found "
-                f"{self.odin_temperature} and {self.odin_epsilon}. Fix them in the pipeline file."
-            )
-        repeated = sorted({name for name in self.layers if self.layers.count(name) > 1})
-        if repeated:
-            raise EtnError(f"layers lists {repeated} more than once. List each layer once.")
-        if "odin" in self.layers:
-            raise EtnError(
-                "layers may not contain 'odin': extract stores ODIN's logits under that name. "
-                "Remove it (odin = true asks for them)."
-            )
-        if self.classifier and self.classifier_layer:
-            raise EtnError("Give classifier or classifier_layer (its earlier name), not both.")
-        if self.checkpoint and self.weights not in ("DEFAULT", "none"):
-            raise EtnError(
-                f"Give weights or checkpoint, not both (found weights = {self.weights!r} and "
-                f"checkpoint = {self.checkpoint!r}). A file of your own goes in checkpoint."
-            )
-
-    @property
-    def head_layer(self) -> str | None:
-        return self.classifier or self.classifier_layer
 
 
 @backbones.register("torchvision")

@@ -18,8 +18,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,31 +26,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from etn_cli import progress
+from etn_cli.backbones.settings import TorchvisionFinetuneConfig as FinetuneConfig
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
-
-
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """The ``[finetune]`` settings of a torchvision backbone (all but ``split``)."""
-
-    epochs: int = 200
-    batch_size: int = 1024
-    lr: float = 2.5e-4
-    optimizer: Literal["adam", "sgd"] = "adam"
-    momentum: float = 0.9  # sgd only
-    weight_decay: float = 0.0
-    schedule: Literal["constant", "cosine"] = "constant"
-    augment: bool = False
-    seed: int = 0
-    workers: int = 0  # data-loading processes: speed only, never the result
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.workers < 0:
-            raise EtnError(
-                f"[finetune] expects epochs >= 1, batch_size >= 1, lr > 0 and workers >= 0; "
-                f"found {config_dict(self)}. Fix them in the pipeline file."
-            )
 
 
 def make_optimizer(model: nn.Module, cfg: FinetuneConfig) -> torch.optim.Optimizer:

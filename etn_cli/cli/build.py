@@ -57,10 +57,11 @@ def load_plan(
     """Load and plan a pipeline (planning reads files and builds nothing); a ``--device``
     replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
     loaded = checked_pipeline(pipeline, overrides, only)
+    data = resolve_data_dir(data_dir)  # a file given as the data directory before torch loads
     from etn_cli.planning.plan import make_plan
 
     loaded = dataclasses.replace(loaded, device=device) if device else loaded
-    return make_plan(loaded, resolve_data_dir(data_dir))  # planning never builds anything
+    return make_plan(loaded, data)  # planning never builds anything
 
 
 def plan_on(
@@ -76,11 +77,12 @@ def plan_on(
     directory (planning never builds anything)."""
     loaded = checked_pipeline(pipeline, overrides, only)
     check_device_name(device or loaded.device)  # a misspelt one before torch loads
+    data = resolve_data_dir(data_dir)
     from etn_cli.stages.run import ensure_data_dir, resolve_device
 
     dev = resolve_device(device or loaded.device)
     if not read_only:
-        ensure_data_dir(resolve_data_dir(data_dir))
+        ensure_data_dir(data)
     return load_plan(pipeline, data_dir, overrides, only, read_only, device), dev
 
 
@@ -115,10 +117,10 @@ def run(
     progress.configure(quiet=quiet, verbose=verbose)
     fmt, metric = check_format(format), check_metric(metric)
     check_pipelines(pipelines, overrides, only, device)
+    data = resolve_data_dir(data_dir)
     from etn_cli.stages.run import RunOptions, dry_run_report, run_many
 
     options = RunOptions(fmt, metric, tuple(overrides or ()), only_heads(only))
-    data = resolve_data_dir(data_dir)
     if dry_run:
         typer.echo(dry_run_report(pipelines, data, options, device))
         return
@@ -173,14 +175,14 @@ def finetune(
     """
     refuse_under_torchrun("finetune")
     progress.configure(quiet=quiet, verbose=verbose)
-    plan, dev = plan_on(pipeline, data_dir, device, overrides)
-    from etn_cli.stages.finetune import finetune as run_finetune
-
-    if plan.finetune is None:
+    if checked_pipeline(pipeline, overrides).finetune is None:  # said before torch loads
         raise EtnError(
             f"{pipeline} has no [finetune] table, so there is nothing to fine-tune. Add one "
             '(e.g. [finetune] split = "train") or run `etn extract`.'
         )
+    plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    from etn_cli.stages.finetune import finetune as run_finetune
+
     typer.echo(run_finetune(plan, device=dev, force=force).summary())
 
 
@@ -230,11 +232,11 @@ def import_command(
     weight and bias; every file is checked before anything is written. The folders can then be
     named in a pipeline's [features] table (etn run also imports files named there itself).
     """
-    from etn_cli.own_features.importer import import_files
-
     missing = [str(p) for p in [*files, *([classifier] if classifier else [])] if not p.is_file()]
     if missing:
         raise EtnError(f"No such file: {', '.join(missing)}. Pass feature files to import.")
+    from etn_cli.own_features.importer import import_files
+
     for line in import_files(files, out, classifier):
         typer.echo(line)
 
@@ -321,12 +323,13 @@ def predict(
     prediction set."""
     refuse_under_torchrun("predict")
     checked_pipeline(pipeline, overrides)  # a mistake in the file before torch loads
-    from etn_cli.stages.predict import output_format, parse_thresholds
-    from etn_cli.stages.predict import predict as run_predict
+    from etn_cli.stages.predict_options import output_format, parse_thresholds
 
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
     plan, dev = plan_on(pipeline, data_dir, device, overrides, read_only=True)  # reads only
+    from etn_cli.stages.predict import predict as run_predict
+
     if sets and plan.pipeline.conformal is None:
         raise UsageError(
             f"--sets prints conformal prediction sets, but {pipeline} has no [conformal] "

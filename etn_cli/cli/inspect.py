@@ -86,6 +86,8 @@ def report(
     for source in sources:  # every file's mistakes before torch loads
         if source.suffix != ".parquet":
             checked_pipeline(source, overrides, only)
+        elif not source.is_file():
+            raise EtnError(f"Metrics file {source} does not exist. Run evaluate or fix the path.")
     from etn_cli.stages.report import report as run_report
     from etn_cli.stages.report import report_files
 
@@ -127,8 +129,6 @@ def verify(
     Prints one line per damaged item (what is wrong, how to fix it) and per leftover of an
     interrupted run, then a summary; exits 1 when anything is damaged and not removed.
     """
-    from etn_cli.stages.verify import verify as run_verify
-
     refuse_under_torchrun("verify")
     data = resolve_data_dir(data_dir)
     if not data.is_dir():
@@ -136,6 +136,8 @@ def verify(
             f"No data directory at {data}: nothing has run there yet, so there is nothing to "
             "verify. Run `etn run PIPELINE` first, or pass --data-dir."
         )
+    from etn_cli.stages.verify import verify as run_verify
+
     outcome = run_verify(data, clean_partials=clean_partials, repair=repair)
     typer.echo(outcome.render())
     if outcome.damaged and not repair:

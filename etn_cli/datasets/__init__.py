@@ -1,9 +1,21 @@
-"""Dataset sources, by name: the table says which module registers each, so the names are
-known (and a misspelt one refused) without importing any source; ``datasets.get(name)``
-imports the one module that holds it."""
+"""Dataset sources, by name: the tables say which module registers each and which options it
+takes, so the names are known (and a misspelt one refused) and a pipeline's
+``[data.options.<dataset>]`` tables checked without importing any source;
+``datasets.get(name)`` imports the one module that holds it."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from etn_cli.config import build_config
+from etn_cli.datasets.settings import (
+    FakeOptions,
+    FolderOptions,
+    ImageFolderOptions,
+    ImageListOptions,
+    TorchvisionOptions,
+    refuse_options,
+)
 from etn_cli.registry import Registry
 
 MMLU = (  # MMLU's subject groups (etn_cli.datasets.mcqa) and their subjects
@@ -30,4 +42,22 @@ datasets: Registry = Registry(
     {name: f"etn_cli.datasets.{module}" for module, names in MODULES.items() for name in names},
 )
 
-__all__ = ["MODULES", "datasets"]
+OPTIONS: dict[str, type] = {  # dataset -> its options; any other dataset takes none
+    **dict.fromkeys(("cifar10", "cifar100", "svhn"), TorchvisionOptions),
+    "fake": FakeOptions,
+    **dict.fromkeys(MODULES["imagenet"], FolderOptions),
+    "image_folder": ImageFolderOptions,
+    "image_list": ImageListOptions,
+}
+
+
+def check_options(name: str, options: dict[str, Any], where: str) -> None:
+    """``[data.options.<name>]`` checked as dataset ``name`` checks it, without importing it."""
+    name = datasets.canonical(name)
+    if name in OPTIONS:
+        build_config(OPTIONS[name], options, where)
+    else:
+        refuse_options(name, datasets.modules[name].rsplit(".", 1)[1], options)
+
+
+__all__ = ["MODULES", "OPTIONS", "check_options", "datasets"]

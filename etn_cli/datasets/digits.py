@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from etn_cli.datasets.base import DatasetSource, Split, datasets
+from etn_cli.datasets.settings import refuse_options
 from etn_cli.errors import EtnError
 from etn_cli.store.fingerprint import file_sha256
 
@@ -112,11 +113,7 @@ class DigitsSource(DatasetSource):
     num_classes: int
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
-        if options:
-            raise EtnError(
-                f"Dataset {self.name!r} takes no options, found {sorted(options)}. "
-                "Remove them from the pipeline file; the digits splits are fixed."
-            )
+        refuse_options(self.name, "digits", options)
         super().__init__(root)
 
     def check_split(self, split: str) -> None:

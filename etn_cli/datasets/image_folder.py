@@ -43,20 +43,12 @@ from torch.utils.data import Dataset
 from etn_cli.datasets.base import PathSplits, datasets
 from etn_cli.datasets.imagenet import IMAGE_SUFFIXES, ImageFiles
 from etn_cli.datasets.openood_lists import UNLABELLED, read_image_list
+from etn_cli.datasets.settings import ImageFolderOptions
 from etn_cli.datasets.vision import VisionSource, rows_sha256
 from etn_cli.errors import EtnError
 from etn_cli.store.content import content_digest
 
 LIST_SUFFIXES = (".txt", ".lst", ".list")
-
-
-@dataclass(frozen=True)
-class ImageFolderOptions:
-    """``classes``: class names in label order, or a file under the root with one per line;
-    ``images``: the folder (under the root) that the paths of image lists start from."""
-
-    classes: tuple[str, ...] | str | None = None
-    images: str | None = None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +36,9 @@ from torch.utils.data import Dataset
 from etn_cli.datasets.base import datasets
 from etn_cli.datasets.imagenet import ImageFiles
 from etn_cli.datasets.openood_lists import ImageList, read_image_list
+from etn_cli.datasets.settings import ImageListOptions
 from etn_cli.datasets.vision import VisionSource
 from etn_cli.errors import EtnError
-
-
-@dataclass(frozen=True)
-class ImageListOptions:
-    """``images``: the folder the listed paths are relative to (relative to ``[data] root``);
-    ``lists``: split name -> list file (relative to ``[data] root``, or absolute), or a table
-    ``{ list = "...", images = "..." }`` with the split's own images folder."""
-
-    images: str = "."
-    lists: dict = field(default_factory=dict)
 
 
 def list_source(entry: Any) -> tuple[str, str | None] | None:

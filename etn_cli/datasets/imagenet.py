@@ -30,6 +30,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from etn_cli.datasets.base import datasets
+from etn_cli.datasets.settings import FolderOptions
 from etn_cli.datasets.vision import VisionSource, rows_sha256, seeded_partition
 from etn_cli.errors import EtnError
 
@@ -188,15 +189,6 @@ def unreadable_image(path: Path, err: BaseException) -> EtnError:
         f"Cannot read image {path} ({type(err).__name__}: {reason}); expected a readable "
         "image file. Remove or replace it, then run again."
     )
-
-
-@dataclass(frozen=True)
-class FolderOptions:
-    """``folder``: where the class folders are, relative to ``[data] root`` (or absolute);
-    ``seed``: the seed of the validation set's adapt / test permutation."""
-
-    folder: str | None = None
-    seed: int = 0
 
 
 class ImageFolderSource(VisionSource):

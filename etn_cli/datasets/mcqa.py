@@ -28,6 +28,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from etn_cli.datasets.base import DatasetSource, Split, datasets
 from etn_cli.datasets.mcqa_files import SUFFIXES, Question, read_questions
+from etn_cli.datasets.settings import refuse_options
 from etn_cli.errors import EtnError
 from etn_cli.store.fingerprint import file_sha256
 
@@ -100,11 +101,7 @@ class MCQASource(DatasetSource):
     aliases: ClassVar[dict[str, tuple[str, ...]]] = {}  # split -> other file stems to try
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
-        if options:
-            raise EtnError(
-                f"Dataset {self.name!r} takes no options, found {sorted(options)}. Remove them; "
-                "the prompt template is a [backbone] option."
-            )
+        refuse_options(self.name, "mcqa", options)
         super().__init__(root)
         self._loaded: dict[str, tuple[list[Question], dict[str, Any]]] = {}
 

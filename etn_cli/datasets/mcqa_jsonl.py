@@ -34,6 +34,7 @@ from etn_cli.datasets.mcqa_files import (
     parse_record,
     read_records,
 )
+from etn_cli.datasets.settings import refuse_options
 from etn_cli.errors import EtnError
 from etn_cli.store.fingerprint import file_sha256
 
@@ -79,11 +80,7 @@ class MCQAFile(PathSplits, DatasetSource):
     splits = ()  # any file under the root; :meth:`available` lists the top level
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
-        if options:
-            raise EtnError(
-                f"Dataset 'mcqa_jsonl' takes no options, found {sorted(options)}. Remove them; "
-                "the prompt template and letters are [backbone] options."
-            )
+        refuse_options(self.name, "mcqa_jsonl", options)
         super().__init__(root)
 
     def available(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ import numpy as np
 from etn_cli.datasets.base import DatasetSource, Split, datasets
 from etn_cli.datasets.mcqa import NUM_CHOICES, QuestionSet
 from etn_cli.datasets.mcqa_files import Question
+from etn_cli.datasets.settings import refuse_options
 from etn_cli.errors import EtnError
 
 GENERATOR_VERSION = 1
@@ -50,8 +51,7 @@ class TinySource(DatasetSource):
     """Shared checks of the two synthetic sources."""
 
     def __init__(self, root: str | None = None, **options: Any) -> None:
-        if options:
-            raise EtnError(f"Dataset {self.name!r} takes no options, found {sorted(options)}.")
+        refuse_options(self.name, "tiny_mcqa", options)
         super().__init__(root)
 
     def load_split(self, split: str) -> Split:

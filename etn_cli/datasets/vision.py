@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pickle
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +26,7 @@ from torch.utils.data import Dataset, Subset
 
 from etn_cli.config import build_config
 from etn_cli.datasets.base import DatasetSource, Split, datasets
+from etn_cli.datasets.settings import FakeOptions, TorchvisionOptions
 from etn_cli.errors import EtnError, require_extra
 
 CIFAR10_FRACTIONS = {"train": 0.95, "adapt": 0.05}
@@ -103,15 +103,6 @@ class VisionSource(DatasetSource):
     def open(self, split: str) -> tuple[Dataset, np.ndarray, int]:
         """``(data, index (N,), num_classes)``: ``data[i]`` is ``(PIL image, label)``."""
         raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class TorchvisionOptions:
-    """``download``: fetch missing files (only then does etn touch the network);
-    ``seed``: the seed of the train / adapt permutation (CIFAR-10)."""
-
-    download: bool = False
-    seed: int = 0
 
 
 class TorchvisionSource(VisionSource):
@@ -284,24 +275,6 @@ class SVHN(TorchvisionSource):
             return cls(str(self.root_path()), split=source_split, download=self.opts.download)
         except RuntimeError as err:
             raise self.corrupted(err) from None
-
-
-@dataclass(frozen=True)
-class FakeOptions:
-    """``size`` images per split, ``image_size`` pixels square, labels in ``0..num_classes-1``
-    drawn independently of the images, ``seed`` shifting every split's random stream."""
-
-    size: int = 64
-    image_size: int = 32
-    num_classes: int = 10
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if min(self.size, self.image_size, self.num_classes) < 1:
-            raise EtnError(
-                f"fake dataset options expect positive size, image_size and num_classes; found "
-                f"{dataclasses.asdict(self)}. Fix them under [data.options.fake]."
-            )
 
 
 @datasets.register("fake")

@@ -223,7 +223,7 @@ class Head:
         device: str = "cpu",
     ) -> np.ndarray:
         """Only the head's own OOD score ``own_score`` (N,), float64, oriented as
-        :data:`etn_cli.metrics.scores.HIGHER_MEANS_ID` says: what a detector is asked for.
+        :data:`etn_cli.metrics.score_names.HIGHER_MEANS_ID` says: what a detector is asked for.
         Heads that can skip the probabilities override ``_score``."""
         h, z, extra = self._checked_inputs(hidden, logits, layers)
         device = torch.device(device)

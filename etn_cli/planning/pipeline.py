@@ -266,13 +266,14 @@ def load_pipeline(
 
 
 def check_names(pipeline: Pipeline) -> None:
-    """The heads (with their settings), the backbone and the datasets ``pipeline`` names exist,
-    checked from the registries' tables: no head, backbone or dataset is imported, nor torch,
-    so a misspelt name or setting is one line in milliseconds. Planning
-    (:func:`etn_cli.planning.plan.make_plan`) checks the same first, with the same lines, and
-    then what needs the sources themselves (their splits, their files)."""
+    """The heads (with their settings), the backbone (with its options and ``[finetune]``
+    settings) and the datasets ``pipeline`` names exist, checked from the registries' tables:
+    no head, backbone or dataset is imported, nor torch, so a misspelt name or setting is one
+    line in milliseconds. Planning (:func:`etn_cli.planning.plan.make_plan`) checks the same
+    first, with the same lines, and then what needs the sources themselves (their splits,
+    their files)."""
     from etn_cli.backbones import backbones
-    from etn_cli.datasets import datasets
+    from etn_cli.datasets import check_options, datasets
     from etn_cli.heads import heads, settings_of
 
     for spec in pipeline.heads:
@@ -293,11 +294,38 @@ def check_names(pipeline: Pipeline) -> None:
             registry.canonical(name)
         except EtnError as err:
             raise EtnError(f"{pipeline.path} {where}: {err}") from None
+    if pipeline.backbone is not None:
+        check_backbone_settings(pipeline)
     if pipeline.data is not None:
         try:
             check_groups(pipeline.data.groups, pipeline.data.ood, "[data.groups]")
         except EtnError as err:
             raise EtnError(f"{pipeline.path} {err}") from None
+        for name, options in pipeline.data.options.items():
+            where = f"[data.options.{name}]"
+            try:
+                check_options(name, options, where)
+            except EtnError as err:  # said once: "<file> [data.options.x]: Unknown key ..."
+                message = str(err).replace(f" in {where}", "", 1).removeprefix(f"{where} ")
+                raise EtnError(f"{pipeline.path} {where}: {message}") from None
+
+
+def check_backbone_settings(pipeline: Pipeline) -> None:
+    """The ``[backbone]`` options and ``[finetune]`` settings against the backbone's settings
+    classes (:mod:`etn_cli.backbones.settings`), with the lines planning would give."""
+    from etn_cli.backbones import settings_of
+
+    assert pipeline.backbone is not None
+    options, finetune = settings_of(pipeline.backbone)
+    build_config(options, pipeline.backbone_options, f"{pipeline.path} [backbone]")
+    if pipeline.finetune is None:
+        return
+    if finetune is None:
+        raise EtnError(
+            f"{pipeline.path}: Backbone {pipeline.backbone!r} has no fine-tuning stage; remove "
+            "[finetune] from the pipeline."
+        )
+    build_config(finetune, pipeline.finetune.settings, f"{pipeline.path} [finetune]")
 
 
 def expand_paths(paths: list[Path]) -> list[Path]:

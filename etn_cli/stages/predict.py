@@ -17,7 +17,7 @@ evaluated predictions. Columns: ``input`` (path, question id or ``<dataset>:<spl
 ``probability`` of the prediction, ``prob_<class>`` for every class, every score of the head,
 with thresholds ``flagged_<score>`` and ``flagged``, and with a ``[conformal]`` section the
 conformal ``prediction_set`` and ``set_size`` of each row. A score where higher means more ID
-(:data:`~etn_cli.metrics.scores.HIGHER_MEANS_ID`: mp, um, …) flags rows below its threshold;
+(:data:`~etn_cli.metrics.score_names.HIGHER_MEANS_ID`: mp, um, …) flags rows below its threshold;
 mi and de flag rows above it.
 """
 
@@ -35,12 +35,12 @@ import torch
 from etn_cli import progress
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
-from etn_cli.metrics.scores import HIGHER_MEANS_ID
+from etn_cli.metrics.score_names import HIGHER_MEANS_ID
 from etn_cli.planning.plan import Plan, open_source
+from etn_cli.stages.predict_options import output_format
 from etn_cli.stages.trained_heads import pipeline_head, read_head
 from etn_cli.store.atomic import atomic_write_bytes
 
-FORMATS = {".parquet": "parquet", ".csv": "csv"}
 INPUT_KINDS = {"torchvision": ("images", "split"), "hf_causal_lm": ("questions", "split")}
 ANSWER_KEYS = ("answer", "answerKey", "answers")  # a question without them is unlabelled
 
@@ -65,35 +65,6 @@ class PredictResult:
     def summary(self) -> str:
         flagged = "" if self.flagged is None else f", {self.flagged} flagged"
         return f"predict: {self.rows} rows written to {self.path}{flagged}"
-
-
-def parse_thresholds(items: list[str]) -> dict[str, float]:
-    """``["mi=0.2", "mp=0.9"]`` -> ``{"mi": 0.2, "mp": 0.9}``, names checked."""
-    thresholds: dict[str, float] = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        name = name.strip().lower()
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-        if name not in HIGHER_MEANS_ID or number is None or not np.isfinite(number):
-            raise EtnError(
-                f"--threshold expects SCORE=VALUE with a score of {', '.join(HIGHER_MEANS_ID)} "
-                f"and a number, got {item!r}. E.g. --threshold mi=0.2."
-            )
-        thresholds[name] = number
-    return thresholds
-
-
-def output_format(path: Path) -> str:
-    fmt = FORMATS.get(Path(path).suffix.lower())
-    if fmt is None:
-        raise EtnError(f"--out must end in .parquet or .csv, got {path}. Rename it.")
-    if Path(path).is_dir():
-        suffix = Path(path).suffix
-        raise EtnError(f"--out {path} is a folder; expected a file. Pass e.g. {path}/out{suffix}.")
-    return fmt
 
 
 def predict(

@@ -4,7 +4,7 @@ postprocessors), as a registered :class:`~etn_cli.heads.base.Head` of family ``p
 
 A scorer sets ``score_name`` (its own score in the metrics: the report's AUROC and FPR95 rank
 by it), ``higher_means_id`` (the score's direction, registered with
-:func:`etn_cli.metrics.scores.register_score`) and what it needs: ``needs_id_statistics``
+:func:`etn_cli.metrics.score_names.register_score`) and what it needs: ``needs_id_statistics``
 (fitted on the pipeline's ``[data] fit`` split when there is one, otherwise on the adaptation
 split) and ``needs_classifier`` (the backbone's final layer ``weight`` (C, D), ``bias`` (C,)).
 It implements :meth:`Scorer.fit_scorer` and :meth:`Scorer.score_rows`; a scorer that changes
@@ -26,7 +26,8 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, Prediction
 from etn_cli.heads.scorers import softmax_terms
-from etn_cli.metrics.scores import probability_scores, register_score
+from etn_cli.metrics.score_names import register_score
+from etn_cli.metrics.scores import probability_scores
 
 SCORE_ROWS = 16384  # rows scored at once: bounds the (rows, D) and (rows, C) temporaries
 NOT_STATE = ("n_features_", "n_classes_")

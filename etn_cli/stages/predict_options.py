@@ -1,0 +1,43 @@
+"""What ``etn predict`` checks of its options before the stage loads: ``--threshold`` names a
+known score (:data:`~etn_cli.metrics.score_names.HIGHER_MEANS_ID`) and a finite number, and
+``--out`` a file etn writes (Parquet or CSV). No numpy or torch: a mistake is one line at once.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from etn_cli.errors import EtnError
+from etn_cli.metrics.score_names import HIGHER_MEANS_ID
+
+FORMATS = {".parquet": "parquet", ".csv": "csv"}
+
+
+def parse_thresholds(items: list[str]) -> dict[str, float]:
+    """``["mi=0.2", "mp=0.9"]`` -> ``{"mi": 0.2, "mp": 0.9}``, names checked."""
+    thresholds: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        name = name.strip().lower()
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if name not in HIGHER_MEANS_ID or number is None or not math.isfinite(number):
+            raise EtnError(
+                f"--threshold expects SCORE=VALUE with a score of {', '.join(HIGHER_MEANS_ID)} "
+                f"and a number, got {item!r}. E.g. --threshold mi=0.2."
+            )
+        thresholds[name] = number
+    return thresholds
+
+
+def output_format(path: Path) -> str:
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise EtnError(f"--out must end in .parquet or .csv, got {path}. Rename it.")
+    if Path(path).is_dir():
+        suffix = Path(path).suffix
+        raise EtnError(f"--out {path} is a folder; expected a file. Pass e.g. {path}/out{suffix}.")
+    return fmt
