@@ -151,6 +151,7 @@ def test_a_bad_predict_option_is_refused_before_torch_loads(
         (["finetune", str(DIGITS), "-d", "data"], "has no [finetune] table"),
         (["report", "nothere.parquet", "-d", "data"], "Metrics file nothere.parquet does not"),
         (["import", "nothere.npz", "-o", "out"], "No such file: nothere.npz"),
+        (["predict", str(DIGITS), "nothere/", "-d", "data"], "Input nothere/ does not exist"),
     ],
 )
 def test_a_wrong_path_is_refused_before_torch_loads(

@@ -323,10 +323,11 @@ def predict(
     prediction set."""
     refuse_under_torchrun("predict")
     checked_pipeline(pipeline, overrides)  # a mistake in the file before torch loads
-    from etn_cli.stages.predict_options import output_format, parse_thresholds
+    from etn_cli.stages.predict_options import check_input_named, output_format, parse_thresholds
 
     thresholds = parse_thresholds(threshold or [])
     output_format(out)
+    check_input_named(inputs)
     plan, dev = plan_on(pipeline, data_dir, device, overrides, read_only=True)  # reads only
     from etn_cli.stages.predict import predict as run_predict
 

@@ -37,7 +37,7 @@ from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
 from etn_cli.metrics.score_names import HIGHER_MEANS_ID
 from etn_cli.planning.plan import Plan, open_source
-from etn_cli.stages.predict_options import output_format
+from etn_cli.stages.predict_options import check_input_named, output_format
 from etn_cli.stages.trained_heads import pipeline_head, read_head
 from etn_cli.store.atomic import atomic_write_bytes
 
@@ -180,18 +180,6 @@ def flag_columns(
 
 
 # ------------------------------------------------------------------------- inputs
-def check_input_named(text: str) -> None:
-    """A path that does not exist is one line saying so, not a dataset lookup: ``INPUTS`` is a
-    dataset split only when it reads as one (``digits:test``, ``digits_unseen``)."""
-    path = Path(text).expanduser()
-    looks_like_path = "/" in text or "\\" in text or text.startswith((".", "~")) or path.suffix
-    if looks_like_path and ":" not in text and not path.exists():
-        raise EtnError(
-            f"Input {text} does not exist. Pass an image folder, a .jsonl file of questions, or a "
-            "dataset split such as digits:test (`etn ls datasets` lists the datasets)."
-        )
-
-
 def resolve_inputs(plan: Plan, text: str, num_classes: int) -> Inputs:
     """An image folder, a ``.jsonl`` of questions or a dataset split, checked against what
     the pipeline's backbone reads."""

@@ -1,6 +1,7 @@
 """What ``etn predict`` checks of its options before the stage loads: ``--threshold`` names a
 known score (:data:`~etn_cli.metrics.score_names.HIGHER_MEANS_ID`) and a finite number, and
-``--out`` a file etn writes (Parquet or CSV). No numpy or torch: a mistake is one line at once.
+``--out`` a file etn writes (Parquet or CSV), and an input that reads as a path exists. No
+numpy or torch: a mistake is one line at once.
 """
 
 from __future__ import annotations
@@ -41,3 +42,15 @@ def output_format(path: Path) -> str:
         suffix = Path(path).suffix
         raise EtnError(f"--out {path} is a folder; expected a file. Pass e.g. {path}/out{suffix}.")
     return fmt
+
+
+def check_input_named(text: str) -> None:
+    """A path that does not exist is one line saying so, not a dataset lookup: ``INPUTS`` is a
+    dataset split only when it reads as one (``digits:test``, ``digits_unseen``)."""
+    path = Path(text).expanduser()
+    looks_like_path = "/" in text or "\\" in text or text.startswith((".", "~")) or path.suffix
+    if looks_like_path and ":" not in text and not path.exists():
+        raise EtnError(
+            f"Input {text} does not exist. Pass an image folder, a .jsonl file of questions, or a "
+            "dataset split such as digits:test (`etn ls datasets` lists the datasets)."
+        )
