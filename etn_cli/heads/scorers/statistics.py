@@ -164,10 +164,11 @@ def covariance(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @contextmanager
 def small_lapack(dim: int) -> Iterator[None]:
     """torch's LAPACK on one thread for a D x D matrix below ``NUMPY_FROM`` dimensions: a
-    second thread gains nothing there and waits at every barrier while other processes share
-    the cores. Measured at D = 512 on this project's 2-core machine under load, best and
-    median of 15: float64 ``eigh`` 58 / 113 ms on one thread against 126 / 534 ms on two
-    (float32 on two: 83 / 261 ms), ``cholesky_inverse`` 6 / 18 ms against 23 / 102 ms."""
+    second thread gains little there when the cores are idle and waits at every barrier while
+    other processes share them. Float64 ``eigh`` at D = 512 on this project's 2-core machine:
+    idle, 38 ms on one thread against 22 ms on two; under load (best / median of 15) 58 / 113
+    ms against 126 / 534 ms (float32 on two threads: 83 / 261 ms); ``cholesky_inverse`` under
+    load 6 / 18 ms against 23 / 102 ms."""
     threads = torch.get_num_threads()
     if dim >= NUMPY_FROM or threads == 1:
         yield
