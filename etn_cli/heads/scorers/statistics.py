@@ -5,7 +5,6 @@ the class means, never building an (N, C, D) tensor."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -161,25 +160,6 @@ def covariance(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, second_moment(h, mean) / len(h)
 
 
-@contextmanager
-def small_lapack(dim: int) -> Iterator[None]:
-    """torch's LAPACK on one thread for a D x D matrix below ``NUMPY_FROM`` dimensions: a
-    second thread gains little there when the cores are idle and waits at every barrier while
-    other processes share them. Float64 ``eigh`` at D = 512 on this project's 2-core machine:
-    idle, 38 ms on one thread against 22 ms on two; under load (best / median of 15) 58 / 113
-    ms against 126 / 534 ms (float32 on two threads: 83 / 261 ms); ``cholesky_inverse`` under
-    load 6 / 18 ms against 23 / 102 ms."""
-    threads = torch.get_num_threads()
-    if dim >= NUMPY_FROM or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def precision(cov: torch.Tensor) -> torch.Tensor:
     """``pinv(cov)`` of a symmetric covariance (OpenOOD's ``EmpiricalCovariance``): the
     inverse from a Cholesky factor when ``cov`` is positive definite (the usual case with more
@@ -187,12 +167,11 @@ def precision(cov: torch.Tensor) -> torch.Tensor:
     project's machine), else (a failed factorisation, or a pivot below D eps of the largest
     variance: numerically singular, where the inverse would be rounding noise) numpy's
     eigenvalue-based pseudo-inverse."""
-    with small_lapack(len(cov)):
-        factor, info = torch.linalg.cholesky_ex(cov)
-        pivots = factor.diagonal().square()
-        scale = cov.diagonal().abs().max() * len(cov) * torch.finfo(cov.dtype).eps
-        if int(info) == 0 and bool((pivots > scale).all()):  # else numerically singular
-            return torch.cholesky_inverse(factor).contiguous()
+    factor, info = torch.linalg.cholesky_ex(cov)
+    pivots = factor.diagonal().square()
+    scale = cov.diagonal().abs().max() * len(cov) * torch.finfo(cov.dtype).eps
+    if int(info) == 0 and bool((pivots > scale).all()):  # else numerically singular
+        return torch.cholesky_inverse(factor).contiguous()
     return torch.from_numpy(np.linalg.pinv(cov.cpu().numpy(), hermitian=True)).to(cov.device)
 
 
@@ -206,8 +185,7 @@ def symmetric_eigenvectors(matrix: torch.Tensor) -> torch.Tensor:
     (numpy float32) and 2e-4 (SciPy's and torch's float32) relative: float64 costs nothing
     here and keeps the subspace exact where the spectrum is nearly degenerate at the cut."""
     if matrix.device.type != "cpu" or matrix.shape[0] < NUMPY_FROM:
-        with small_lapack(matrix.shape[0]):
-            return torch.linalg.eigh(matrix.double())[1]
+        return torch.linalg.eigh(matrix.double())[1]
     _, vectors = np.linalg.eigh(matrix.double().numpy())
     return torch.from_numpy(vectors)
 
@@ -243,11 +221,10 @@ def whitener(prec: torch.Tensor) -> torch.Tensor:
     """``G`` (D, r) with ``G G^T = prec``, so that ``x^T prec x = ||x G||^2``: the Cholesky
     factor of a positive definite precision, else ``V sqrt(lambda)`` over its positive
     eigenvalues (a pseudo-inverse's range); float64."""
-    with small_lapack(len(prec)):
-        factor, info = torch.linalg.cholesky_ex(prec.double())
-        if int(info) == 0:
-            return factor
-        values, vectors = torch.linalg.eigh(prec.double())
+    factor, info = torch.linalg.cholesky_ex(prec.double())
+    if int(info) == 0:
+        return factor
+    values, vectors = torch.linalg.eigh(prec.double())
     keep = values > values.abs().max() * len(values) * torch.finfo(values.dtype).eps
     return vectors[:, keep] * values[keep].sqrt()
 
