@@ -17,6 +17,7 @@ import torch
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
 from etn_cli.heads.scorers.settings import DICEConfig
+from etn_cli.heads.scorers.statistics import column_mean
 
 
 @heads.register("dice")
@@ -31,7 +32,7 @@ class DICE(Scorer):
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         weight = classifier["weight"]  # (C, D)
-        contribution = weight * h.double().mean(dim=0).float()  # (C, D)
+        contribution = weight * column_mean(h).float()  # (C, D)
         threshold = np.percentile(contribution.cpu().numpy(), self.config.sparsity)
         self.weight_ = torch.where(contribution > float(threshold), weight, 0.0)
         self.bias_ = classifier["bias"]
