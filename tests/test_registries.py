@@ -74,6 +74,21 @@ def test_each_datasets_options_in_the_table_are_its_own() -> None:
             assert str(heavy.value) == str(light.value), name
 
 
+def test_the_datasets_checked_for_a_root_are_those_that_read_one() -> None:
+    """``[data] root`` is checked before torch loads for exactly the datasets of your own
+    files, with the line their source gives."""
+    from etn_cli.datasets import ROOTED, datasets
+    from etn_cli.datasets.base import PathSplits
+    from etn_cli.datasets.settings import no_root
+
+    reads_root = {name for name in datasets.names() if issubclass(datasets.get(name), PathSplits)}
+    assert reads_root == set(ROOTED)
+    for name in ROOTED:
+        with pytest.raises(EtnError) as heavy:
+            datasets.get(name)(root=None).root_path()
+        assert str(heavy.value) == str(no_root(name)), name
+
+
 def test_every_alias_finds_a_head_that_is_registered() -> None:
     from etn_cli.heads import ALIASES, heads
 

@@ -114,6 +114,8 @@ def test_a_missing_pipeline_file_is_refused_before_torch_loads(tmp_path: Path) -
         (QUESTIONS, "backbone.letters=['A']", "letters must be at least two"),
         (QUESTIONS, "finetune.lora_rnk=4", "Did you mean 'lora_rank'"),
         (QUESTIONS, "data.options.mcqa_jsonl.size=3", "Dataset 'mcqa_jsonl' takes no options"),
+        (IMAGES, "data.root='nowhere'", "The [data] root folder"),
+        (QUESTIONS, "data.root='nowhere'", "The [data] root folder"),
     ],
 )
 def test_a_mistake_in_any_backbone_or_dataset_table_is_refused_before_torch_loads(

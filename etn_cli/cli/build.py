@@ -39,10 +39,11 @@ def checked_pipeline(
     """Load a pipeline file and check all that needs no torch: the file, its keys and values,
     ``--set`` and ``--only``, the names it gives and its heads' settings. Every usage and
     pipeline-file error is refused here, in milliseconds, before a stage is imported."""
-    from etn_cli.planning.pipeline import check_names, load_pipeline
+    from etn_cli.planning.pipeline import check_names, check_roots, load_pipeline
 
     loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
     check_names(loaded)
+    check_roots(loaded)
     return loaded
 
 

@@ -49,6 +49,7 @@ OPTIONS: dict[str, type] = {  # dataset -> its options; any other dataset takes 
     "image_folder": ImageFolderOptions,
     "image_list": ImageListOptions,
 }
+ROOTED = ("image_folder", "mcqa_jsonl")  # datasets of your own files, under [data] root
 
 
 def check_options(name: str, options: dict[str, Any], where: str) -> None:
@@ -60,4 +61,4 @@ def check_options(name: str, options: dict[str, Any], where: str) -> None:
         refuse_options(name, datasets.modules[name].rsplit(".", 1)[1], options)
 
 
-__all__ = ["MODULES", "OPTIONS", "check_options", "datasets"]
+__all__ = ["MODULES", "OPTIONS", "ROOTED", "check_options", "datasets"]

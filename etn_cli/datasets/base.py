@@ -10,7 +10,7 @@ import numpy as np
 from torch.utils.data import Dataset as TorchDataset
 
 from etn_cli.datasets import datasets as datasets  # the registry, for the modules that register
-from etn_cli.errors import EtnError
+from etn_cli.datasets.settings import no_root
 
 
 @dataclass
@@ -143,10 +143,7 @@ class PathSplits:
 
     def root_path(self) -> Path:
         if self.root is None:
-            raise EtnError(
-                f"Dataset {self.name!r} reads your files under [data] root, but the pipeline "
-                'sets none. Add root = "folder/with/the/files" to its [data] table.'
-            )
+            raise no_root(self.name)
         return Path(self.root).expanduser().resolve()
 
     def data_path(self, split: str) -> Path | None:

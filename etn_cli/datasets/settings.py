@@ -84,3 +84,11 @@ class ImageListOptions:
 
     images: str = "."
     lists: dict = field(default_factory=dict)
+
+
+def no_root(dataset: str) -> EtnError:
+    """The refusal of a dataset of your own files in a pipeline without ``[data] root``."""
+    return EtnError(
+        f"Dataset {dataset!r} reads your files under [data] root, but the pipeline sets none. "
+        'Add root = "folder/with/the/files" to its [data] table.'
+    )

@@ -310,6 +310,34 @@ def check_names(pipeline: Pipeline) -> None:
                 raise EtnError(f"{pipeline.path} {where}: {message}") from None
 
 
+def check_roots(pipeline: Pipeline) -> None:
+    """A dataset of your own files (:data:`etn_cli.datasets.ROOTED`) needs ``[data] root``,
+    an existing folder: checked without importing its source, with planning's lines."""
+    from etn_cli.datasets import ROOTED, datasets
+    from etn_cli.datasets.settings import no_root
+
+    data = pipeline.data
+    if data is None:
+        return
+    named = [data.id, *(name for name, _ in data.ood_sources())]
+    for name in dict.fromkeys(datasets.canonical(n) for n in named):
+        if name not in ROOTED:
+            continue
+        if data.root is None:
+            raise no_root(name)
+        root = pipeline.resolve(data.root).resolve()
+        if not root.is_dir():
+            raise missing_root(pipeline, root, name, data.adapt)
+
+
+def missing_root(pipeline: Pipeline, root: Path, dataset: str, split: str) -> EtnError:
+    return EtnError(
+        f"The [data] root folder {root} ({pipeline.path}) does not exist; expected the folder "
+        f"holding the {dataset!r} splits ({split}, ...). Create it or point root at your "
+        "files." + pipeline.standins_hint()
+    )
+
+
 def check_backbone_settings(pipeline: Pipeline) -> None:
     """The ``[backbone]`` options and ``[finetune]`` settings against the backbone's settings
     classes (:mod:`etn_cli.backbones.settings`), with the lines planning would give."""

@@ -30,7 +30,7 @@ from etn_cli.heads.base import HEAD_FORMAT
 from etn_cli.heads.calibration import CALIBRATION_VERSION
 from etn_cli.own_features.units import drop_unusable
 from etn_cli.planning.own import own_features
-from etn_cli.planning.pipeline import HeadSpec, Pipeline, check_groups
+from etn_cli.planning.pipeline import HeadSpec, Pipeline, check_groups, missing_root
 from etn_cli.planning.units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
 from etn_cli.store.artefacts.records import intact_record
 from etn_cli.store.content import use_data_dir
@@ -107,11 +107,7 @@ def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = ""
     root = source.root_path() if isinstance(source, PathSplits) else None
     if root is not None and not root.is_dir():
         data = pipeline.data
-        raise EtnError(
-            f"The [data] root folder {root} ({pipeline.path}) does not exist; expected the "
-            f"folder holding the {dataset!r} splits ({data.adapt if data else split}, ...). "
-            "Create it or point root at your files." + pipeline.standins_hint()
-        )
+        raise missing_root(pipeline, root, dataset, data.adapt if data else split)
     if not source.has_split(split):
         names = source.available()
         close = difflib.get_close_matches(split, names, n=1, cutoff=0.5)
