@@ -10,7 +10,8 @@ figures are the times and their ratio to that reference, so they compare across 
   refused in one line; nothing else happens
 * the same kind of refusal for a misspelt ``[backbone]`` option (``--set backbone.epochz=3``),
   an option given to a dataset that takes none (``--set data.options.digits.size=3``), and
-  ``etn predict`` with a threshold that is no number or an ``--out`` that is no Parquet or CSV
+  ``etn predict`` with a threshold that is no number, an ``--out`` that is no Parquet or CSV
+  or an input path that does not exist, and ``[data] root`` naming no folder
 * ``etn run pipelines/digits.toml --dry-run`` into an empty data directory: plans every unit
   (this one loads torch and the heads) and prints what a run would build
 
@@ -32,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "pipelines" / "digits.toml"
+IMAGES = ROOT / "examples" / "images.toml"
 
 
 def wall(command: list[str], repeats: int, expect: int = 0) -> list[float]:
@@ -64,6 +66,7 @@ def main() -> None:
         data = str(Path(tmp) / "data")
         run = [*etn, "run", str(DIGITS), "-d", data]
         predict = [*etn, "predict", str(DIGITS), "digits:test", "-d", data]
+        missing_input = [*etn, "predict", str(DIGITS), "nothere/", "-d", data]
         cases = [
             ('python -c "import torch"', [sys.executable, "-c", "import torch"], 0),
             ("etn --help", [*etn, "--help"], 0),
@@ -76,6 +79,12 @@ def main() -> None:
             ),
             ("etn predict --threshold mi=abc", [*predict, "--threshold", "mi=abc"], 2),
             ("etn predict --out rows.txt", [*predict, "--out", "rows.txt"], 2),
+            ("etn predict nothere/ (no such input)", missing_input, 2),
+            (
+                "etn run examples/images.toml --set data.root=nowhere",
+                [*etn, "run", str(IMAGES), "-d", data, "--set", "data.root='nowhere'"],
+                2,
+            ),
             (
                 "etn run pipelines/digits.toml --dry-run",
                 [*etn, "run", str(DIGITS), "--dry-run", "-d", data],
