@@ -134,6 +134,7 @@ def test_a_mistake_in_any_backbone_or_dataset_table_is_refused_before_torch_load
         (["--threshold", "mii=0.2"], "--threshold expects SCORE=VALUE"),
         (["--out", "rows.txt"], "--out must end in .parquet or .csv"),
         (["--device", "gpu"], "Unknown device 'gpu'"),
+        (["--head", "etm"], "has no head 'etm'. Did you mean: etn"),
     ],
 )
 def test_a_bad_predict_option_is_refused_before_torch_loads(
@@ -162,3 +163,25 @@ def test_a_wrong_path_is_refused_before_torch_loads(
     (tmp_path / "afile").write_text("not a folder")
     code, heavy, stderr = run_etn(*args, cwd=tmp_path)
     assert code == 2 and said in stderr and heavy == [], (stderr, heavy)
+
+
+@pytest.mark.parametrize("head", ["etm", "nonsense", "Odin", "ETN + T", "laplace (diag)"])
+def test_a_head_refused_before_torch_loads_is_refused_as_the_stage_refuses_it(
+    tmp_path: Path, head: str
+) -> None:
+    """``etn predict --head`` that names no head of the pipeline: the light check's line is the
+    stage's; what might name one (a label's beginning, any case) is left to the stage."""
+    from etn_cli.errors import EtnError
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.stages.predict_options import check_head_named
+    from etn_cli.stages.trained_heads import pipeline_head, plan_of
+
+    pipeline = load_pipeline(DIGITS)
+    with pytest.raises(EtnError) as stage:
+        pipeline_head(plan_of(DIGITS, tmp_path / "data"), head, 0)
+    try:
+        check_head_named(pipeline, head)
+    except EtnError as light:
+        assert str(light) == str(stage.value)
+    else:  # left to the stage, whose line must then be about this head
+        assert head in str(stage.value)

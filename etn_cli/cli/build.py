@@ -323,12 +323,13 @@ def predict(
     uncertainty score, plus flags for --threshold and, with a [conformal] section, each row's
     prediction set."""
     refuse_under_torchrun("predict")
-    checked_pipeline(pipeline, overrides)  # a mistake in the file before torch loads
-    from etn_cli.stages.predict_options import check_input_named, output_format, parse_thresholds
+    loaded = checked_pipeline(pipeline, overrides)  # a mistake in the file before torch loads
+    from etn_cli.stages import predict_options as check
 
-    thresholds = parse_thresholds(threshold or [])
-    output_format(out)
-    check_input_named(inputs)
+    thresholds = check.parse_thresholds(threshold or [])
+    check.output_format(out)
+    check.check_input_named(inputs)
+    check.check_head_named(loaded, head)
     plan, dev = plan_on(pipeline, data_dir, device, overrides, read_only=True)  # reads only
     from etn_cli.stages.predict import predict as run_predict
 

@@ -87,6 +87,46 @@ HEADS: dict[str, tuple[str, type[HeadConfig]]] = {
     "she": ("scorers.boundary", HeadConfig),
     "gradnorm": ("scorers.boundary", GradNormConfig),
 }
+LABELS = {  # name -> the label reports give it (each head class's ``label``)
+    "map": "MAP",
+    "etn": "ETN",
+    "etn_offset": "ETN (fitted offset)",
+    "static": "Static scaling",
+    "energy": "Energy",
+    "mahalanobis": "Mahalanobis",
+    "map_edl": "MAP_EDL (last layer)",
+    "adats": "AdaTS (EDL loss)",
+    "ib_edl": "IB-EDL (last layer)",
+    "laplace": "Laplace (last layer, KFAC)",
+    "mcd": "MC dropout",
+    "ensemble": "Deep ensemble (last layer)",
+    "odin": "ODIN",
+    "duq": "DUQ (head)",
+    "sngp": "SNGP (head)",
+    "dmm": "DMM",
+    "max_logit": "Max logit",
+    "entropy": "Entropy",
+    "gen": "GEN",
+    "temperature": "Temperature scaling",
+    "kl_matching": "KL matching",
+    "react": "ReAct",
+    "vra": "VRA",
+    "ash_p": "ASH-P",
+    "ash_b": "ASH-B",
+    "ash_s": "ASH-S",
+    "scale": "SCALE",
+    "dice": "DICE",
+    "knn": "KNN",
+    "nnguide": "NNGuide",
+    "vim": "ViM",
+    "residual": "Residual",
+    "rmds": "RMDS",
+    "mahalanobis_pp": "Mahalanobis++",
+    "ddu": "DDU (GDA)",
+    "fdbd": "fDBD",
+    "she": "SHE",
+    "gradnorm": "GradNorm",
+}
 ALIASES = {  # a name other libraries use -> the registered head
     "msp": "map",  # maximum softmax probability: the backbone's own softmax
     "ebo": "energy",  # OpenOOD's energy-based OOD
@@ -109,7 +149,7 @@ def settings_of(name: str) -> type[HeadConfig]:
 
 
 _BASE = ("Head", "Prediction")  # in etn_cli.heads.base, which imports torch
-__all__ = ["ALIASES", "HEADS", "Head", "HeadConfig", "Prediction", "heads", "settings_of"]
+__all__ = ["ALIASES", "HEADS", "LABELS", "Head", "HeadConfig", "Prediction", "heads", "settings_of"]
 
 
 def __getattr__(name: str) -> Any:

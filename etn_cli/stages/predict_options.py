@@ -6,8 +6,10 @@ numpy or torch: a mistake is one line at once.
 
 from __future__ import annotations
 
+import difflib
 import math
 from pathlib import Path
+from typing import Any
 
 from etn_cli.errors import EtnError
 from etn_cli.metrics.score_names import HIGHER_MEANS_ID
@@ -54,3 +56,30 @@ def check_input_named(text: str) -> None:
             f"Input {text} does not exist. Pass an image folder, a .jsonl file of questions, or a "
             "dataset split such as digits:test (`etn ls datasets` lists the datasets)."
         )
+
+
+def check_head_named(pipeline: Any, head: str) -> None:
+    """A ``--head`` that cannot name any of ``pipeline``'s heads, refused with the stage's line.
+
+    A head goes by its name, an alias, its report label (with a variant, a sweep point or
+    ``+ TS`` appended: ``ETN (vector)``) or its folder (``etn-3f2a...``), so anything that
+    begins like one of the pipeline's names or labels is left to the stage, which knows the
+    full labels; only what cannot match is refused here, before torch loads."""
+    from etn_cli.heads import LABELS, heads
+
+    if head in heads:  # a name or an alias: the stage says whether this pipeline has it
+        return
+    canonical = [heads.canonical(spec.name) for spec in pipeline.heads]
+    labels = [
+        spec.label or LABELS[name] for spec, name in zip(pipeline.heads, canonical, strict=True)
+    ]
+    stems = [label.split(" (")[0].split(" + ")[0] for label in labels]
+    starts = {s.casefold() for s in (*canonical, *labels, *stems) if s}
+    if any(head.casefold().startswith(s) for s in starts):
+        return
+    names = sorted(set(canonical))
+    close = difflib.get_close_matches(head, sorted(set(names) | set(labels)), n=3, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    raise EtnError(
+        f"Pipeline {pipeline.path} has no head {head!r}.{hint} Its heads: " + ", ".join(names) + "."
+    )
