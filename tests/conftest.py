@@ -3,15 +3,11 @@ start, run once for the tests that only read its results."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,62 +106,37 @@ class QuickStart:
 
 class Background:
     """The Quick start's run, started in a second process as soon as the tests are collected:
-    it is the longest piece of the suite, and this way it runs beside the tests before it (the
-    tests that use it are moved last).
+    it is the longest piece of the suite, and this way it runs on the machine's other core
+    while the tests before it run on this one (the tests that use it are moved last)."""
 
-    Under pytest-xdist every worker collects every test and any one of them may run the tests
-    that use it, so the run lives in a folder named by the test run's id, started by the first
-    worker alone, waited for by whichever runs them, and removed by the controller."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.env = {"ETN_DATA_DIR": str(folder / "data")}
-
-    @classmethod
-    def start(cls, folder: Path) -> Background:
-        folder.mkdir(parents=True)
-        # a shell waits for the run and writes its exit status last, so any process can wait
-        script = '"$@" >out 2>err; echo $? >status.part && mv status.part status'
-        etn = [*ETN, "run", str(REPO / "pipelines" / "digits.toml")]
-        env = {**os.environ, **cls(folder).env, "COLUMNS": "200"}
-        process = subprocess.Popen(
-            ["sh", "-c", script, "sh", *etn], cwd=folder, env=env, start_new_session=True
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="etn-quick-start-"))
+        self.env = {"ETN_DATA_DIR": str(self.folder / "data")}
+        self.out = open(self.folder / "out", "w+")  # read back by wait, closed by close
+        self.err = open(self.folder / "err", "w+")
+        self.process = subprocess.Popen(
+            [*ETN, "run", str(REPO / "pipelines" / "digits.toml")],
+            cwd=REPO,
+            stdout=self.out,
+            stderr=self.err,
+            env={**os.environ, **self.env, "COLUMNS": "200"},
         )
-        STARTED.append(process)  # kept, so that no warning says it was dropped while running
-        (folder / "pid").write_text(str(process.pid))
-        return cls(folder)
 
     def wait(self) -> QuickStart:
-        status, deadline = self.folder / "status", time.monotonic() + 1800  # a hang guard
-        while not status.exists():  # (the run took 260 s on a loaded 2-core machine)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the Quick start's run in {self.folder} took over 1800 s")
-            time.sleep(0.2)
-        out, err = ((self.folder / name).read_text() for name in ("out", "err"))
-        args = [*ETN, "run", str(REPO / "pipelines" / "digits.toml")]
-        done = subprocess.CompletedProcess(args, int(status.read_text()), out, err)
+        code = self.process.wait(timeout=1800)  # a hang guard (260 s on a loaded machine)
+        self.out.seek(0)
+        self.err.seek(0)
+        args = [str(a) for a in self.process.args]
+        done = subprocess.CompletedProcess(args, code, self.out.read(), self.err.read())
         return QuickStart(self.env, done)
 
     def close(self) -> None:
-        if (self.folder / "pid").exists() and not (self.folder / "status").exists():
-            with contextlib.suppress(ProcessLookupError):  # the session stopped early (-x, ^C)
-                os.killpg(int((self.folder / "pid").read_text()), signal.SIGKILL)
+        if self.process.poll() is None:  # the session stopped early (-x, ^C)
+            self.process.kill()
+            self.process.wait()
+        self.out.close()
+        self.err.close()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def shared_folder(config: pytest.Config) -> Path | None:
-    """The Quick start's folder for this session: its own under xdist (one per test run id,
-    known to the controller and every worker), None without xdist."""
-    uid = getattr(config, "workerinput", {}).get("testrunuid") or config.getoption(
-        "testrunuid", default=None
-    )
-    return Path(tempfile.gettempdir()) / f"etn-quick-start-{uid}" if uid else None
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    xdist = config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None)
-    if xdist and not hasattr(config, "workerinput") and config.option.testrunuid is None:
-        config.option.testrunuid = uuid.uuid4().hex  # the workers' id, chosen here to clean up
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they do
@@ -175,26 +146,17 @@ def pytest_collection_modifyitems(
     """Start the Quick start's run now if a selected test uses it, and run those tests last."""
     uses = [item for item in items if "quick_start" in getattr(item, "fixturenames", ())]
     items[:] = [item for item in items if item not in uses] + uses
-    if not uses or config.option.collectonly:
-        return
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker is None:  # without xdist
-        folder = Path(tempfile.mkdtemp(prefix="etn-quick-start-")) / "run"
-        config.stash[QUICK_START] = Background.start(folder)
-    elif worker == "gw0" and (folder := shared_folder(config)) is not None:
-        Background.start(folder)
+    # (an xdist worker collects every test whichever it runs: there the fixture starts it)
+    if uses and not config.option.collectonly and not hasattr(config, "workerinput"):
+        config.stash[QUICK_START] = Background()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if QUICK_START in config.stash and shared_folder(config) is None:
+    if QUICK_START in config.stash:
         config.stash[QUICK_START].close()
-        shutil.rmtree(config.stash[QUICK_START].folder.parent, ignore_errors=True)
-    elif not hasattr(config, "workerinput") and (folder := shared_folder(config)) is not None:
-        Background(folder).close()  # the xdist controller, once every worker is done
 
 
 QUICK_START = pytest.StashKey[Background]()
-STARTED: list[subprocess.Popen] = []
 
 
 @pytest.fixture(scope="session")
@@ -202,15 +164,9 @@ def quick_start(request: pytest.FixtureRequest) -> QuickStart:
     """The whole digits default (61 heads, 3 seeds), run once per session in the background:
     shared by every test that only reads its results or reruns it (a rerun finds every unit
     finished and builds nothing)."""
-    config = request.config
-    if QUICK_START not in config.stash:
-        folder = shared_folder(config)
-        try:  # asked for by name, not seen at collection, or (xdist) started by the first worker
-            folder = folder or Path(tempfile.mkdtemp(prefix="etn-quick-start-")) / "run"
-            config.stash[QUICK_START] = Background.start(folder)
-        except FileExistsError:
-            config.stash[QUICK_START] = Background(folder)
-    run = config.stash[QUICK_START].wait()
+    if QUICK_START not in request.config.stash:  # asked for by name, not seen at collection
+        request.config.stash[QUICK_START] = Background()
+    run = request.config.stash[QUICK_START].wait()
     assert run.done.returncode == 0, run.done.stderr[-2000:]
     return run
 
