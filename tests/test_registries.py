@@ -37,13 +37,14 @@ def test_every_module_registers_exactly_the_names_its_table_gives(registry: str)
 
 
 def test_each_heads_settings_in_the_table_are_its_config() -> None:
-    from etn_cli.heads import LABELS, heads, settings_of
+    from etn_cli.heads import LABELS, SEED_FREE, heads, settings_of
 
     for name in heads.names():
         head = heads.get(name)
         assert head.name == name
         assert head.Config is settings_of(name), name
         assert head.label == LABELS[name], name  # what --head is checked against before torch
+        assert head.seed_free == (name in SEED_FREE), name  # and --seed
 
 
 def test_each_backbones_settings_in_the_table_are_its_config() -> None:

@@ -135,6 +135,7 @@ def test_a_mistake_in_any_backbone_or_dataset_table_is_refused_before_torch_load
         (["--out", "rows.txt"], "--out must end in .parquet or .csv"),
         (["--device", "gpu"], "Unknown device 'gpu'"),
         (["--head", "etm"], "has no head 'etm'. Did you mean: etn"),
+        (["--seed", "7"], "has seeds [0, 1, 2], not 7. Pick one."),
     ],
 )
 def test_a_bad_predict_option_is_refused_before_torch_loads(
@@ -185,3 +186,25 @@ def test_a_head_refused_before_torch_loads_is_refused_as_the_stage_refuses_it(
         assert str(light) == str(stage.value)
     else:  # left to the stage, whose line must then be about this head
         assert head in str(stage.value)
+
+
+@pytest.mark.parametrize("head, seed", [("etn", 7), ("etn", -1), ("etn_offset", 3), ("msp", 9)])
+def test_a_seed_refused_before_torch_loads_is_refused_as_the_stage_refuses_it(
+    tmp_path: Path, head: str, seed: int
+) -> None:
+    """``etn predict --seed`` the head was not trained with: the stage's line, before torch; a
+    head that draws nothing at random (``msp``) takes any seed, there and here."""
+    from etn_cli.errors import EtnError
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.stages.predict_options import check_head_seed
+    from etn_cli.stages.trained_heads import pipeline_head, plan_of
+
+    pipeline = load_pipeline(DIGITS)
+    with pytest.raises(EtnError) as stage:  # a seed it lacks, or (msp) not trained yet
+        pipeline_head(plan_of(DIGITS, tmp_path / "data"), head, seed)
+    if "not trained" in str(stage.value):
+        check_head_seed(pipeline, head, seed)  # nothing to refuse
+    else:
+        with pytest.raises(EtnError) as light:
+            check_head_seed(pipeline, head, seed)
+        assert str(light.value) == str(stage.value)

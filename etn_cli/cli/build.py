@@ -330,6 +330,7 @@ def predict(
     check.output_format(out)
     check.check_input_named(inputs)
     check.check_head_named(loaded, head)
+    check.check_head_seed(loaded, head, seed)
     plan, dev = plan_on(pipeline, data_dir, device, overrides, read_only=True)  # reads only
     from etn_cli.stages.predict import predict as run_predict
 

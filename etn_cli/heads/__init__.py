@@ -127,6 +127,10 @@ LABELS = {  # name -> the label reports give it (each head class's ``label``)
     "she": "SHE",
     "gradnorm": "GradNorm",
 }
+SEED_FREE = frozenset(  # heads that draw nothing at random: one trained unit stands for all seeds
+    {"map", "energy", "mahalanobis", "odin"}
+    | {name for name, (module, _) in HEADS.items() if module.startswith("scorers.")}
+)
 ALIASES = {  # a name other libraries use -> the registered head
     "msp": "map",  # maximum softmax probability: the backbone's own softmax
     "ebo": "energy",  # OpenOOD's energy-based OOD
@@ -149,7 +153,17 @@ def settings_of(name: str) -> type[HeadConfig]:
 
 
 _BASE = ("Head", "Prediction")  # in etn_cli.heads.base, which imports torch
-__all__ = ["ALIASES", "HEADS", "LABELS", "Head", "HeadConfig", "Prediction", "heads", "settings_of"]
+__all__ = [
+    "ALIASES",
+    "HEADS",
+    "LABELS",
+    "SEED_FREE",
+    "Head",
+    "HeadConfig",
+    "Prediction",
+    "heads",
+    "settings_of",
+]
 
 
 def __getattr__(name: str) -> Any:

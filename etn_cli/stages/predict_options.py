@@ -83,3 +83,18 @@ def check_head_named(pipeline: Any, head: str) -> None:
     raise EtnError(
         f"Pipeline {pipeline.path} has no head {head!r}.{hint} Its heads: " + ", ".join(names) + "."
     )
+
+
+def check_head_seed(pipeline: Any, head: str, seed: int) -> None:
+    """``--seed`` that the head ``--head`` names (by name or alias) was not trained with,
+    refused with the stage's line; a head that draws nothing at random takes any seed."""
+    from etn_cli.heads import SEED_FREE, heads
+
+    if head not in heads or heads.canonical(head) in SEED_FREE:
+        return
+    name = heads.canonical(head)
+    specs = [s for s in pipeline.heads if name in (heads.canonical(s.name), s.label)]
+    seeds = sorted({seed for spec in specs for seed in spec.seeds or pipeline.seeds})
+    if specs and seed not in seeds:
+        raise EtnError(f"Head {name!r} of {pipeline.path} has seeds {seeds}, not {seed}. Pick one.")
+
