@@ -97,4 +97,3 @@ def check_head_seed(pipeline: Any, head: str, seed: int) -> None:
     seeds = sorted({seed for spec in specs for seed in spec.seeds or pipeline.seeds})
     if specs and seed not in seeds:
         raise EtnError(f"Head {name!r} of {pipeline.path} has seeds {seeds}, not {seed}. Pick one.")
-
