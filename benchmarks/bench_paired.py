@@ -15,7 +15,6 @@ scores on a 0.001 grid, so there are ties.
 from __future__ import annotations
 
 import argparse
-import time
 from unittest import mock
 
 import numpy as np
@@ -23,14 +22,10 @@ import numpy as np
 from etn_cli.metrics import weighted
 from etn_cli.metrics.ranking import ranking_values
 
-
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
+try:  # run as a script: benchmarks/ is on sys.path
+    from bench_store import best_seconds
+except ImportError:  # imported as benchmarks.bench_paired
+    from benchmarks.bench_store import best_seconds
 
 
 def main() -> None:
@@ -62,12 +57,12 @@ def main() -> None:
 
     first, second = blocked(), one_block()
     assert all(np.allclose(first[k], second[k], equal_nan=True) for k in first)
-    reference = best(plain, args.repeats) * len(weights) / sample
+    reference = best_seconds(plain, args.repeats) * len(weights) / sample
     print(f"{len(weights)} replicates x {n} rows, best of {args.repeats}")
     print(f"{'way':<48}{'seconds':>9}{'x plain':>10}")
     for name, fn in (("weighted_ranking (blocks of replicates)", blocked),
                      ("weighted_ranking (one block)", one_block)):  # fmt: skip
-        seconds = best(fn, args.repeats)
+        seconds = best_seconds(fn, args.repeats)
         print(f"{name:<48}{seconds:>9.4f}{seconds / reference:>10.3f}")
     print(f"{'plain bootstrap (ranking_values per replicate)':<48}{reference:>9.4f}{1.0:>10.3f}")
 

@@ -77,12 +77,21 @@ def check_head_named(pipeline: Any, head: str) -> None:
     starts = {s.casefold() for s in (*canonical, *labels, *stems) if s}
     if any(head.casefold().startswith(s) for s in starts):
         return
-    names = sorted(set(canonical))
-    close = difflib.get_close_matches(head, sorted(set(names) | set(labels)), n=3, cutoff=0.5)
+    raise no_head(pipeline.path, head, set(canonical), set(labels))
+
+
+def no_head(where: Any, head: str, names: set[str], labels: set[str]) -> EtnError:
+    """The line for a ``--head`` that names none of the heads ``names`` (registered names)
+    and ``labels`` (report labels): the stage's and :func:`check_head_named`'s."""
+    close = difflib.get_close_matches(head, sorted(names | labels), n=3, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    raise EtnError(
-        f"Pipeline {pipeline.path} has no head {head!r}.{hint} Its heads: " + ", ".join(names) + "."
-    )
+    shown = ", ".join(sorted(names))
+    return EtnError(f"Pipeline {where} has no head {head!r}.{hint} Its heads: {shown}.")
+
+
+def no_seed(where: Any, head: str, seeds: list[int], seed: int) -> EtnError:
+    """The line for a ``--seed`` the head was not trained with."""
+    return EtnError(f"Head {head!r} of {where} has seeds {seeds}, not {seed}. Pick one.")
 
 
 def check_head_seed(pipeline: Any, head: str, seed: int) -> None:
@@ -96,4 +105,4 @@ def check_head_seed(pipeline: Any, head: str, seed: int) -> None:
     specs = [s for s in pipeline.heads if name in (heads.canonical(s.name), s.label)]
     seeds = sorted({seed for spec in specs for seed in spec.seeds or pipeline.seeds})
     if specs and seed not in seeds:
-        raise EtnError(f"Head {name!r} of {pipeline.path} has seeds {seeds}, not {seed}. Pick one.")
+        raise no_seed(pipeline.path, name, seeds, seed)

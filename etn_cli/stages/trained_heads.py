@@ -8,13 +8,13 @@ nothing here imports torch until a head is loaded.
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head
 from etn_cli.planning.plan import HeadUnit, Plan
+from etn_cli.stages.predict_options import no_head, no_seed
 from etn_cli.store.storage import default_data_dir
 
 
@@ -69,17 +69,13 @@ def pipeline_head(plan: Plan, head: str, seed: int) -> HeadUnit:
     head = heads.get(head).name if head in heads else head  # an alias (msp) names its head
     named = [u for u in plan.heads if head in (u.head.name, u.label, u.path.name)]
     if not named:
-        choices = sorted({u.head.name for u in plan.heads} | {u.label for u in plan.heads})
-        close = difflib.get_close_matches(head, choices, n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        names = ", ".join(sorted({u.head.name for u in plan.heads}))
-        raise EtnError(f"Pipeline {where} has no head {head!r}.{hint} Its heads: {names}.")
+        labels = {u.label for u in plan.heads}
+        raise no_head(where, head, {u.head.name for u in plan.heads}, labels)
     units = [u for u in named if u.seed == seed or u.head.seed_free]  # seed-free: one unit
     exact = [u for u in units if u.label.casefold() == head.casefold()]
     units = exact if len(exact) == 1 else units  # "etn" is the ETN, not also ETN + TS
     if not units:
-        seeds = sorted({u.seed for u in named})
-        raise EtnError(f"Head {head!r} of {where} has seeds {seeds}, not {seed}. Pick one.")
+        raise no_seed(where, head, sorted({u.seed for u in named}), seed)
     if len(units) > 1:
         found = "; ".join(f"{u.label!r} ({u.path.name})" for u in units)
         raise EtnError(
