@@ -36,8 +36,10 @@ def float64_blocks(
     column by column, so that ``block.T`` (D, rows) is row-major for :func:`add_upper_gram`."""
     step = max(1, cells // x.shape[1])
     shape = (min(step, len(x)), x.shape[1])
-    if column_major:
+    scratch = None  # the block transposed in its own dtype: two contiguous copies beat one
+    if column_major:  # strided cast (0.034 s against 0.054 s at 50,000 x 512 float32)
         buffer = torch.empty(shape[::-1], dtype=torch.float64, device=x.device).T
+        scratch = torch.empty(shape[::-1], dtype=x.dtype, device=x.device)
     else:
         buffer = torch.empty(shape, dtype=torch.float64, device=x.device)
     gathered = None if labels is None else torch.empty(shape, dtype=torch.float64, device=x.device)
@@ -51,7 +53,12 @@ def float64_blocks(
             centre = centres.T.index_select(1, labels[rows]).T
         elif labels is not None:
             centre = torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
-        block.copy_(x[rows])  # then in place: torch's mixed-dtype ops are 4x slower
+        if scratch is None:
+            block.copy_(x[rows])  # then in place: torch's mixed-dtype ops are 4x slower
+        else:
+            part = scratch[:, : len(block)]
+            part.copy_(x[rows].T)
+            block.T.copy_(part)
         if scale is not None:
             block.mul_(scale[rows, None])
         if centre is not None:
