@@ -245,12 +245,14 @@ def faiss_against_torch(bank: torch.Tensor, queries: torch.Tensor, k: int) -> No
     print(f"knn search (k = {k}): torch blocked {mine:.1f} s, faiss-cpu {seconds:.1f} s")
 
 
-def probe_rows(labels: torch.Tensor, rows: int = 2000) -> torch.Tensor:
-    """The first ``rows`` rows and the first row of every class: a small fit that only a
-    scorer's own limits refuse (2,000 rows alone miss classes at C = 1,000, which the
-    class-mean scorers rightly refuse)."""
-    firsts = np.unique(labels.numpy(), return_index=True)[1]
-    return torch.from_numpy(np.union1d(np.arange(min(rows, len(labels))), firsts))
+def probe_rows(logits: torch.Tensor, labels: torch.Tensor, rows: int = 2000) -> torch.Tensor:
+    """The first ``rows`` rows, the first row of every class and the first correctly classified
+    one: a small fit that only a scorer's own limits refuse (2,000 rows alone miss classes at
+    C = 1,000, which the class-mean scorers and SHE rightly refuse)."""
+    y = labels.numpy()
+    right = np.flatnonzero(logits.argmax(1).numpy() == y)
+    firsts = [np.unique(y, return_index=True)[1], right[np.unique(y[right], return_index=True)[1]]]
+    return torch.from_numpy(np.union1d(np.arange(min(rows, len(y))), np.concatenate(firsts)))
 
 
 def run(
@@ -267,7 +269,7 @@ def run(
     )
     peer = peers(shape, fit, test, clf) if with_peers else {}
     pairs, refused = {}, {}
-    probe = probe_rows(fit[2])
+    probe = probe_rows(fit[1], fit[2])
     for name in names:
         try:  # a first fit tells a refusal (DDU at C = 1,000) before any timing
             heads.get(name)().fit(fit[0][probe], fit[1][probe], fit[2][probe], classifier=clf)
