@@ -86,6 +86,47 @@ def test_gen_and_entropy_of_confident_rows_keep_the_other_classes_mass():
     assert ((1.0 - p.max(1)) == 0).all()  # the naive formula would give gen's top term 0
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.25, 1000.0])
+def test_softmax_terms_of_far_apart_logits_equal_plain_exponentials(temperature):
+    # entries whose exponential is subnormal or 0 in float32 (below -87.3), some just above
+    # the clamp (-86.3), rows with every other entry far below, and a row of equal logits
+    from etn_cli.heads.scorers import softmax_terms
+
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 1000, generator=generator) * 60
+    z[:50, 1:] -= 400.0
+    z[50:60] = 0.0
+    z[60:70, 1] = z[60:70, 0] - 86.8  # between log(tiny) and the clamp
+    z[70, 0] = 0.0  # largest logit exactly 0, the rest underflowing
+    z[70, 1:] = -500.0
+
+    def plain(dtype):  # the same terms with torch's exp on every entry
+        block = z.to(dtype)
+        m, index = block.max(dim=1, keepdim=True)
+        rest = torch.exp((block - m) / temperature).scatter_(1, index, 0.0).sum(dim=1)
+        return m[:, 0].double(), rest.double()
+
+    top, rest = plain(torch.float32)
+    assert torch.equal(softmax_terms.max_probability(z, temperature), 1.0 / (1.0 + rest))
+    energy, plain_energy = (
+        softmax_terms.energy(z, temperature),
+        top + temperature * torch.log1p(rest),
+    )
+    others = torch.arange(len(z)) != 70
+    assert torch.equal(energy[others], plain_energy[others])
+    if temperature <= 1:  # a largest logit of exactly 0 shows the clamped entries' mass
+        assert plain_energy[70] == 0.0 and 0.0 < energy[70] < 1e-34  # 999 x 3.2e-38 at most
+    else:  # nothing underflows in row 70
+        assert energy[70] == plain_energy[70]
+    _, rest64 = plain(torch.float64)
+    probability = softmax_terms.max_probability(z, temperature, torch.float64)
+    assert torch.equal(probability, 1.0 / (1.0 + rest64))
+    reference = softmax(z.double().numpy() / temperature, axis=1).max(1)
+    assert_close(probability.numpy(), reference, rtol=1e-12, atol=0)
+    reference = temperature * logsumexp(z.double().numpy() / temperature, axis=1)
+    assert_close(energy.numpy(), reference, rtol=1e-6, atol=1e-30)
+
+
 @pytest.mark.parametrize("name", ["map", "energy", "max_logit", "entropy", "gen", "temperature"])
 def test_a_logit_only_head_neither_reads_nor_scans_the_hidden_states(name, data):
     unread = np.full_like(data.h_fit, np.nan)  # a NaN here would be refused if it were read

@@ -13,6 +13,8 @@ entropy, whose value for a confident row is the rest itself, reads float64 expon
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 BLOCK_CELLS = 1 << 20  # logits per block: temporaries of 4-8 MiB, few enough calls under load
@@ -34,10 +36,22 @@ def largest_and_rest(
     for start in range(0, len(z), rows):
         block = z[start : start + rows].to(dtype)
         m, index = block.max(dim=1, keepdim=True)
-        e = torch.exp((block - m) / temperature if temperature != 1.0 else block - m)
+        e = exp_clamped((block - m) / temperature if temperature != 1.0 else block - m)
         rest[start : start + rows] = e.scatter_(1, index, 0.0).sum(dim=1)
         top[start : start + rows] = m[:, 0]
     return top, rest
+
+
+def exp_clamped(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x)`` computed in place of ``x`` (a temporary the caller gives up), with ``x``
+    first raised to ``log(tiny) + 1`` (about -86.3 in float32, where ``tiny`` is the smallest
+    normal number): the CPU's vectorised ``exp`` takes a slow path for every entry whose
+    result is not a normal number (12x slower on logits whose rows lie far apart, as a
+    confident classifier's do: 0.30 s against 0.10 s for 50,000 x 1,000 ImageNet-shaped
+    logits). Such an entry then adds ``e tiny`` (3.2e-38 in float32) instead of less: at most
+    C x 3.2e-38 to a row's rest ``r``, which ``1 + r`` and ``m + log1p(r)`` in float64 do not
+    see (``tests/test_scorers.py`` checks the scores bit for bit against plain ``exp``)."""
+    return x.clamp_(min=math.log(torch.finfo(x.dtype).tiny) + 1.0).exp_()
 
 
 def energy(z: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
