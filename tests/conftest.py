@@ -212,5 +212,8 @@ def meta_as_accelerator(monkeypatch):
     readbacks = {"cpu": cpu, "to": to, "item": item, "tolist": tolist, "__bool__": truth}
     for name, method in (readbacks | {"__float__": number, "__int__": integer}).items():
         monkeypatch.setattr(torch.Tensor, name, method)
-    # a GPU's nonzero synchronises and counts; meta cannot count: assume every element
-    monkeypatch.setattr(torch.fx.experimental._config, "meta_nonzero_assume_all_nonzero", True)
+    # a GPU's nonzero synchronises and counts; meta cannot count: assume every element. The
+    # config module's own patch, not monkeypatch: its entries live outside the module's
+    # __dict__, and pytest 9.2's monkeypatch undoes such a setattr by deleting the entry
+    with torch.fx.experimental._config.patch(meta_nonzero_assume_all_nonzero=True):
+        yield
