@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,20 @@ from etn_cli.store.storage import explained_storage_errors
 TIMING_REPEATS = 3  # timed predictions of the ID test set per head and seed
 
 
-def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
-    """Write the metrics file of every head whose file is missing (or all, with ``force``)."""
+def evaluate(
+    plan: Plan,
+    *,
+    device: str = "cpu",
+    force: bool = False,
+    fail_fast: bool = True,
+    failed_heads: Collection[str] = (),
+) -> StageResult:
+    """Write the metrics file of every head whose file is missing (or all, with ``force``). A
+    head refusing the test or OOD data stops the stage (``fail_fast``) or is recorded as failed
+    while the others are scored; the heads at ``failed_heads`` (paths whose training failed)
+    are skipped, saying so."""
     read = cache(read_split)
+    result = StageResult("evaluate", isolate=not fail_fast)
     heads: dict[str, Head] = {}
 
     def before(todo: list[MetricsFile]) -> None:
@@ -68,9 +79,14 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
     def score(unit: MetricsUnit) -> tuple[pl.DataFrame, pl.DataFrame]:
         return score_head(plan, unit, heads[unit.key], read, device)
 
-    units = [MetricsFile(unit, score) for unit in plan.metrics]
+    units = []
+    for unit in plan.metrics:
+        if str(unit.head.path) in failed_heads:
+            result.block(unit.path, unit_name(unit.head), "its head failed to train")
+        else:
+            units.append(MetricsFile(unit, score))
     with explained_storage_errors():
-        return build_units(units, StageResult("evaluate"), force=force, before=before)
+        return build_units(units, result, force=force, before=before)
 
 
 class MetricsFile(Unit):
