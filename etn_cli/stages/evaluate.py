@@ -75,6 +75,7 @@ def evaluate(
             heads[unit.unit.key] = load_head(unit.unit)
         for split in (plan.test, *plan.ood):  # damaged shards are found before any lock
             read(split.path)
+        check_varies(read(plan.test.path).logits, "ID test set", plan.test.path)  # every head's
 
     def score(unit: MetricsUnit) -> tuple[pl.DataFrame, pl.DataFrame]:
         return score_head(plan, unit, heads[unit.key], read, device)
@@ -139,7 +140,6 @@ def score_head(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The head's metrics frame and its per-row predictions frame."""
     test = read(plan.test.path)
-    check_varies(test.logits, "ID test set", plan.test.path)
     id_pred, seconds = timed_predict(head, test, device)
     # repeats tell a real cost difference from timing noise (the report shows their spread)
     seconds = [seconds] + [timed_predict(head, test, device)[1] for _ in range(TIMING_REPEATS - 1)]
