@@ -7,12 +7,18 @@ ETN and MAP fit on the adaptation split as before."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from cli_runner import unstamped
 from test_refusals import etn
 from test_reliability import PIPELINE
+
+from etn_cli.errors import DamagedArtefact, EtnError
+from etn_cli.stages.result import StageResult
+from etn_cli.stages.units import Unit, build_units
 
 FAILING = PIPELINE.replace("shard_rows = 16\n", 'shard_rows = 16\nfit = "train"\nfit_rows = 5\n')
 FAILING += '[[heads]]\nname = "mahalanobis"\n'
@@ -95,3 +101,37 @@ def test_etn_train_says_what_failed_and_exits_1_or_stops_with_fail_fast(runs) ->
     assert len(errors) == 1 and REFUSAL in errors[0], done.stderr
     started = [line for line in unstamped(done.stderr) if line.endswith(": started")]
     assert started[-1].endswith("train    Mahalanobis seed 0: started"), started
+
+
+class Refusing(Unit):
+    """A unit whose build raises ``error`` after writing a file into its private folder."""
+
+    def __init__(self, path: Path, error: Exception | None) -> None:
+        self.path, self.name, self.error = path, path.name, error
+
+    def damage(self) -> str | None:
+        return None if self.path.exists() else "missing"
+
+    def build(self, folder: Path) -> None:
+        (folder / "half.txt").write_text("half")
+        if self.error is not None:
+            raise self.error
+
+
+def test_only_a_refusal_is_isolated_and_nothing_of_it_is_left(tmp_path: Path) -> None:
+    """An EtnError fails its unit alone; damage (which etn run repairs) and a bug (which keeps
+    its traceback) stop the stage as before."""
+    units = [
+        Refusing(tmp_path / "a", EtnError("no rows of class 3")),
+        Refusing(tmp_path / "b", None),
+    ]
+    result = build_units(units, StageResult("train", isolate=True))
+    assert [f.line() for f in result.failed] == ["train a: no rows of class 3"]
+    assert result.done == [str(tmp_path / "b")] and sorted(os.listdir(tmp_path)) == [
+        "a.lock", "b", "b.lock"
+    ]  # fmt: skip
+    for error in (DamagedArtefact(tmp_path / "x", "damaged"), ValueError("a bug")):
+        with pytest.raises(type(error)):
+            build_units([Refusing(tmp_path / "c", error)], StageResult("train", isolate=True))
+    with pytest.raises(EtnError, match="no rows"):
+        build_units(units[:1], StageResult("train"))  # --fail-fast
