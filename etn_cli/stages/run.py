@@ -153,9 +153,10 @@ def run_pipeline(
         repaired: set[Path] = set()
         while True:
             try:
-                extract_only = world is not None and not world.main
-                results = run_stages(plan, dev, extract_only, options.fail_fast)
-                if extract_only:  # rank 0 alone goes on after extract
+                results = run_stages(
+                    plan, dev, world is not None and not world.main, options.fail_fast
+                )
+                if world is not None and not world.main:  # rank 0 alone goes on after extract
                     message = f"{results[-1].summary()} ({world}: extraction only)"
                     return RunOutcome(path, True, time.perf_counter() - started, message)
                 failures = tuple(f for r in results for f in r.failed)
