@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from etn_cli.errors import REPAIR_PREFIX
+from etn_cli.errors import REPAIR_PREFIX, DamagedArtefact, EtnError
 
 T = TypeVar("T")
 QUIET, NORMAL, VERBOSE = -1, 0, 1
@@ -135,17 +135,19 @@ def _counter() -> str:
     return f"[{_state.index:>{width}}/{_state.total}] "
 
 
-def skipped(stage: str, name: str, reason: str = "up to date") -> None:
+def skipped(stage: str, name: str, reason: str = "up to date", *, shown: bool = False) -> None:
     """Count a unit found finished: one line off a terminal (a log must show it), on a
-    terminal only with ``-v`` (the counter stays compact); none with ``-q``."""
+    terminal only with ``-v`` (the counter stays compact) unless ``shown`` (a unit left out
+    because one it needs failed); none with ``-q``."""
     line = f"{_counter()}{stage:<8} {name}: skipped, {reason}"
-    if _state.verbosity >= VERBOSE or (_state.verbosity >= NORMAL and not on_terminal()):
+    if _state.verbosity >= VERBOSE or (_state.verbosity >= NORMAL and (shown or not on_terminal())):
         _write(line)
 
 
 @contextmanager
-def unit(stage: str, name: str, reason: str = "") -> Iterator[None]:
-    """Bracket the building of one unit with a start and an end line (``FAILED`` on error).
+def unit(stage: str, name: str, reason: str = "", *, refusal_said: bool = False) -> Iterator[None]:
+    """Bracket the building of one unit with a start and an end line (``FAILED`` on error;
+    with ``refusal_said``, a refusal's reason follows on the same line, as the run goes on).
     On a terminal at normal verbosity the start line waits :data:`SLOW_S` seconds and is
     never printed for a unit that ends sooner: one line per unit, the table stays in view."""
     prefix = f"{_counter()}{stage:<8} {name}"
@@ -161,10 +163,13 @@ def unit(stage: str, name: str, reason: str = "") -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
-    except BaseException:
-        # The reason follows once, as the command's ``error:`` line or the run's summary.
+    except BaseException as err:
+        # The reason follows once: here for a refusal the run goes on after, otherwise as the
+        # command's ``error:`` line or the run's summary.
         seconds = time.perf_counter() - started
-        _write(f"{prefix}: FAILED after {seconds:.1f} s")
+        said = refusal_said and isinstance(err, EtnError) and not isinstance(err, DamagedArtefact)
+        reason = f": {' '.join(str(err).split())}" if said else ""
+        _write(f"{prefix}: FAILED after {seconds:.1f} s{reason}")
         raise
     finally:
         if later is not None:

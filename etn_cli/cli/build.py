@@ -16,6 +16,7 @@ from etn_cli import progress
 from etn_cli.cli.options import (
     DataDir,
     Device,
+    FailFast,
     Force,
     FormatOption,
     Only,
@@ -103,15 +104,18 @@ def run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print each unit, cached or to build; run nothing.")
     ] = False,
+    fail_fast: FailFast = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
     """Run (finetune,) extract, train, evaluate and report per pipeline, skipping finished work.
 
     Safe to rerun (e.g. from cron): finished units are found by their content keys and kept.
-    Several pipelines run in turn; a failing one does not stop the others, and the exit code
-    is non-zero if any failed. Under torchrun the ranks share extraction, then rank 0 alone
-    trains, evaluates and prints the tables.
+    A head that refuses its data fails alone: the others are trained, scored and reported, the
+    report marks it failed, the exit code is 1 and a rerun retries only what failed
+    (--fail-fast: stop at the first). Several pipelines run in turn; a failing one does not
+    stop the others. Under torchrun the ranks share extraction, then rank 0 alone trains,
+    evaluates and prints the tables.
     """
     from etn_cli.report.metric_names import check_metric
 
@@ -121,7 +125,7 @@ def run(
     data = resolve_data_dir(data_dir)
     from etn_cli.stages.run import RunOptions, dry_run_report, run_many
 
-    options = RunOptions(fmt, metric, tuple(overrides or ()), only_heads(only))
+    options = RunOptions(fmt, metric, tuple(overrides or ()), only_heads(only), fail_fast)
     if dry_run:
         typer.echo(dry_run_report(pipelines, data, options, device))
         return
@@ -135,12 +139,14 @@ def run(
     for outcome in outcomes:
         for stage in outcome.stages:  # a log keeps each stage's counts; a terminal with -v
             (progress.detail if progress.on_terminal() else progress.say)(stage)
-        if outcome.ok:
+        if outcome.ok and not outcome.failures:
             progress.say(outcome.line())
         else:
             typer.echo(" ".join(outcome.line().split("\n")), err=True)
     if not all(o.ok for o in outcomes):  # 2: the user's to fix, as every `error:` line; 1: a bug
         raise typer.Exit(1 if any(o.bug for o in outcomes) else 2)
+    if any(o.failures for o in outcomes):  # 1: a method refused its data, the rest ran
+        raise typer.Exit(1)
 
 
 def check_pipelines(
@@ -249,16 +255,20 @@ def train(
     force: Force = False,
     overrides: Overrides = None,
     only: Only = None,
+    fail_fast: FailFast = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
-    """Fit every head of the pipeline (per seed) on the cached adaptation features."""
+    """Fit every head of the pipeline (per seed) on the cached adaptation features.
+
+    A head that refuses its data fails alone (exit code 1, the others are fitted); a rerun
+    retries only it. --fail-fast stops at the first."""
     refuse_under_torchrun("train")
     progress.configure(quiet=quiet, verbose=verbose)
     plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
     from etn_cli.stages.train import train as run_train
 
-    typer.echo(run_train(plan, device=dev, force=force).summary())
+    said(run_train(plan, device=dev, force=force, fail_fast=fail_fast))
 
 
 def evaluate(
@@ -268,16 +278,30 @@ def evaluate(
     force: Force = False,
     overrides: Overrides = None,
     only: Only = None,
+    fail_fast: FailFast = False,
     quiet: Quiet = False,
     verbose: Verbose = False,
 ) -> None:
-    """Score every trained head on the ID test set and each OOD set; write Parquet metrics."""
+    """Score every trained head on the ID test set and each OOD set; write Parquet metrics.
+
+    A method that refuses the data fails alone (exit code 1, the others are scored); a rerun
+    retries only it. --fail-fast stops at the first."""
     refuse_under_torchrun("evaluate")
     progress.configure(quiet=quiet, verbose=verbose)
     plan, dev = plan_on(pipeline, data_dir, device, overrides, only)
     from etn_cli.stages.evaluate import evaluate as run_evaluate
 
-    typer.echo(run_evaluate(plan, device=dev, force=force).summary())
+    said(run_evaluate(plan, device=dev, force=force, fail_fast=fail_fast))
+
+
+def said(result: Any) -> None:
+    """Print a stage's summary; with units that failed, a closing line on stderr, exit 1."""
+    typer.echo(result.summary())
+    if result.failed:
+        from etn_cli.stages.result import failures_line
+
+        typer.echo(failures_line(result.failed), err=True)
+        raise typer.Exit(1)
 
 
 def predict(

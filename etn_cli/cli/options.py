@@ -48,6 +48,12 @@ PipelineArg = Annotated[
     Path, typer.Argument(metavar="PIPELINE", help="A pipeline file, e.g. pipelines/digits.toml.")
 ]
 Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new copy swapped in).")]
+FailFast = Annotated[
+    bool,
+    typer.Option(
+        "--fail-fast", help="Stop at the first head that fails (else the others still run)."
+    ),
+]
 Quiet = Annotated[
     bool, typer.Option("--quiet", "-q", help="Print only errors, repairs and the results.")
 ]

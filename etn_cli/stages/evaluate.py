@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -53,9 +53,20 @@ from etn_cli.store.storage import explained_storage_errors
 TIMING_REPEATS = 3  # timed predictions of the ID test set per head and seed
 
 
-def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
-    """Write the metrics file of every head whose file is missing (or all, with ``force``)."""
+def evaluate(
+    plan: Plan,
+    *,
+    device: str = "cpu",
+    force: bool = False,
+    fail_fast: bool = True,
+    failed_heads: Collection[str] = (),
+) -> StageResult:
+    """Write the metrics file of every head whose file is missing (or all, with ``force``). A
+    head refusing the test or OOD data stops the stage (``fail_fast``) or is recorded as failed
+    while the others are scored; the heads at ``failed_heads`` (paths whose training failed)
+    are skipped, saying so."""
     read = cache(read_split)
+    result = StageResult("evaluate", isolate=not fail_fast)
     heads: dict[str, Head] = {}
 
     def before(todo: list[MetricsFile]) -> None:
@@ -64,13 +75,19 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
             heads[unit.unit.key] = load_head(unit.unit)
         for split in (plan.test, *plan.ood):  # damaged shards are found before any lock
             read(split.path)
+        check_varies(read(plan.test.path).logits, "ID test set", plan.test.path)  # every head's
 
     def score(unit: MetricsUnit) -> tuple[pl.DataFrame, pl.DataFrame]:
         return score_head(plan, unit, heads[unit.key], read, device)
 
-    units = [MetricsFile(unit, score) for unit in plan.metrics]
+    units = []
+    for unit in plan.metrics:
+        if str(unit.head.path) in failed_heads:
+            result.block(unit.path, unit_name(unit.head), "its head failed to train")
+        else:
+            units.append(MetricsFile(unit, score))
     with explained_storage_errors():
-        return build_units(units, StageResult("evaluate"), force=force, before=before)
+        return build_units(units, result, force=force, before=before)
 
 
 class MetricsFile(Unit):
@@ -123,7 +140,6 @@ def score_head(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The head's metrics frame and its per-row predictions frame."""
     test = read(plan.test.path)
-    check_varies(test.logits, "ID test set", plan.test.path)
     id_pred, seconds = timed_predict(head, test, device)
     # repeats tell a real cost difference from timing noise (the report shows their spread)
     seconds = [seconds] + [timed_predict(head, test, device)[1] for _ in range(TIMING_REPEATS - 1)]

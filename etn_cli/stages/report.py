@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -20,10 +22,11 @@ from etn_cli import progress
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.metrics.reliability import RELIABILITY_METRICS
 from etn_cli.planning.overrides import selection
-from etn_cli.planning.plan import Plan
+from etn_cli.planning.plan import MetricsUnit, Plan
 from etn_cli.provenance import etn_version, now
 from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
+from etn_cli.report.failures import failures_note, with_failed_rows
 from etn_cli.report.frontier import frontier_plot
 from etn_cli.report.plot_record import intact_figures, read_plot_record, write_plot_record
 from etn_cli.report.plots import sweep_plots
@@ -49,17 +52,36 @@ TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
 
 
-def metrics_paths(plan: Plan) -> list[Path]:
-    """The metrics files of the pipeline's current heads; stale files of old settings are
-    kept on disk but not reported."""
-    missing = [u.path for u in plan.metrics if not u.path.is_file()]
+def metrics_paths(plan: Plan, units: Sequence[MetricsUnit] | None = None) -> list[Path]:
+    """The metrics files of the pipeline's current heads (or of ``units``, those a run did not
+    fail); stale files of old settings are kept on disk but not reported."""
+    units = plan.metrics if units is None else units
+    missing = [u.path for u in units if not u.path.is_file()]
     if missing:
         raise EtnError(
             f"{len(missing)} of {len(plan.metrics)} metrics files of pipeline "
             f"{plan.pipeline.name!r} are missing in {plan.data_dir} (first: {missing[0].name}). "
             f"Run `etn run {plan.pipeline.path}` first (or pass the --data-dir it used)."
         )
-    return [u.path for u in plan.metrics]
+    return [u.path for u in units]
+
+
+def failed_entries(plan: Plan, failures: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Per metrics key, the method and seed a run's failure (a
+    :class:`~etn_cli.stages.result.UnitFailure`) left without metrics, as ``results.json``
+    lists it under ``failed``: its own (a scorer refused the test data) or its head's."""
+    by_path = {f.path: f for f in failures}
+    found = {}
+    for unit in plan.metrics:
+        failure = by_path.get(str(unit.head.path)) or by_path.get(str(unit.path))
+        if failure is not None:
+            head = unit.head
+            found[unit.key] = {
+                "method": head.head.name, "method_label": head.label,
+                "family": head.head.family, "seed": head.seed, "stage": failure.stage,
+                "reason": failure.reason, "metrics_key": unit.key,
+            }  # fmt: skip
+    return found
 
 
 def table_text(
@@ -68,17 +90,23 @@ def table_text(
     metric: str | None,
     fitted_on: str | None = None,
     comparison: Comparison | None = None,
+    *,
+    failed: Sequence[dict] = (),
 ) -> str:
     """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote
     (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given);
     with a paired ``comparison``, cells that differ significantly from its reference carry a
-    ``†``."""
+    ``†``; a ``failed`` method (an entry of :func:`failed_entries`) without results has a
+    ``(failed)`` row, and the footnote says why each failed."""
     if fmt == "json":
         return results_json(summary)
     table = view(comparison.marked(summary, metric) if comparison else summary, metric)
+    if failed:
+        table = with_failed_rows(table, failed, summary["method_label"].unique().to_list())
     body = render(table, fmt)
     if fmt in ("table", "markdown"):
         note = footnote(table, metric) + (f"\n{fitted_on}" if fitted_on else "")
+        note += f"\n{failures_note(failed)}" if failed else ""
         note += f"\n{comparison.note()}" if comparison else ""
         return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
     return body
@@ -150,17 +178,24 @@ def report(
     metric: str | None = None,
     compare: str | None = None,
     bootstrap: int = BOOTSTRAP_SAMPLES,
+    failures: Sequence[Any] = (),
 ) -> tuple[str, list[Path]]:
     """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
     return the table in ``fmt`` with the paths written (unchanged plots are not redrawn).
     ``compare`` names a reference method for paired comparisons (``bootstrap`` replicates),
-    whose table follows the results table."""
-    metrics = with_shift_groups(read_metrics(metrics_paths(plan)), plan)
+    whose table follows the results table. ``failures`` are the units a run failed: their
+    methods are reported as failed, with the reason."""
+    failed_by_key = failed_entries(plan, failures)
+    failed = list(failed_by_key.values())
+    units = [u for u in plan.metrics if u.key not in failed_by_key]
+    if not units:
+        return every_method_failed(plan, failed)
+    metrics = with_shift_groups(read_metrics(metrics_paths(plan, units)), plan)
     summary = summarize(metrics)
     fitted_on = notes(metrics)
     comparison = None
     if compare is not None:
-        rows = [predictions_path(u.path) for u in plan.metrics]
+        rows = [predictions_path(u.path) for u in units]
         comparison = paired_comparison(summary, metrics, rows, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
@@ -168,7 +203,8 @@ def report(
     for name, wanted in _tables(summary, metric):
         for each, suffix in TABLE_FILES.items():
             path = folder / f"{name}.{suffix}"
-            atomic_write_text(path, table_text(summary, each, wanted, fitted_on, comparison))
+            text = table_text(summary, each, wanted, fitted_on, comparison, failed=failed)
+            atomic_write_text(path, text)
             written.append(path)
     if comparison is not None:
         stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
@@ -181,14 +217,15 @@ def report(
         "selection": selection(
             plan.pipeline.overrides, plan.pipeline.only, plan.pipeline.selection_key
         ),
-        "metrics_keys": [u.key for u in plan.metrics],
+        "metrics_keys": [u.key for u in units],
+        "failed": failed,
     }
     if comparison is not None:
         extra["comparisons"] = comparison.records()
     atomic_write_text(folder / "results.json", results_json(summary, extra))
     written.append(folder / "results.json")
     record = earlier_record(folder)
-    plots, drawn, key = _plots(plan, metrics, folder, metric, record)
+    plots, drawn, key = _plots(units, metrics, folder, metric, record)
     written += plots
     names = {p.name for p in written}
     for old in _earlier_files(folder, record):  # a table or plot this report no longer makes
@@ -197,10 +234,19 @@ def report(
     write_plot_record(folder, key, drawn, sorted(names))
     if fmt == "json":
         return results_json(summary, extra), written
-    shown = table_text(summary, fmt, metric, fitted_on, comparison)
+    shown = table_text(summary, fmt, metric, fitted_on, comparison, failed=failed)
     if comparison is not None:
         shown = shown.rstrip("\n") + "\n\n" + comparison.table_text(fmt, metric)
     return shown, written
+
+
+def every_method_failed(plan: Plan, failed: list[dict]) -> tuple[str, list[Path]]:
+    """No table to draw: ``results.json`` lists the failures only, and the text says why."""
+    folder = report_folder(plan)
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"etn_version": etn_version(), "created_at": now(), "results": [], "failed": failed}
+    atomic_write_text(folder / "results.json", json.dumps(record, indent=1, default=str))
+    return f"No results: every method failed.\n{failures_note(failed)}\n", [folder / "results.json"]
 
 
 def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str | None]]:
@@ -215,7 +261,7 @@ def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str | 
 
 
 def _plots(
-    plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str | None, record: dict
+    units: list[MetricsUnit], metrics: pl.DataFrame, folder: Path, metric: str | None, record: dict
 ) -> tuple[list[Path], dict, str]:
     """Draw the sweep and frontier plots (per ranking metric) and the reliability diagrams
     unless ``record`` says these exact metrics were drawn already; returns the paths, what was
@@ -223,7 +269,7 @@ def _plots(
     from etn_cli.report.views import RANKING
 
     wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
-    key = fingerprint_key({"metrics": [u.key for u in plan.metrics], "plots": PLOTS_VERSION})
+    key = fingerprint_key({"metrics": [u.key for u in units], "plots": PLOTS_VERSION})
     drawn = record.get("drawn", {}) if record.get("key") == key else {}
     files: list[Path] = []
 
@@ -232,7 +278,7 @@ def _plots(
 
     plots = {name: ranking(name) for name in wanted}
     plots[RELIABILITY] = lambda: reliability_plot(metrics, folder)
-    rows = {u.key: predictions_path(u.path) for u in plan.metrics}
+    rows = {u.key: predictions_path(u.path) for u in units}
     plots[RISK_COVERAGE] = lambda: risk_coverage_plot(metrics, rows, folder)
     for name, draw in plots.items():
         paths = [folder / f for f in drawn.get(name, [])]

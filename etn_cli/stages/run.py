@@ -24,7 +24,7 @@ from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 from etn_cli.stages.prepare import prepare
 from etn_cli.stages.report import report
-from etn_cli.stages.result import StageResult
+from etn_cli.stages.result import StageResult, UnitFailure, failures_line
 from etn_cli.stages.train import train
 from etn_cli.store.artefacts.sealed import discard, repair_line
 from etn_cli.store.atomic import unit_lock
@@ -40,12 +40,14 @@ class RunOptions:
     metric: str | None = None
     overrides: tuple[str, ...] = ()
     only: tuple[str, ...] = ()
+    fail_fast: bool = False  # a head refusing its data stops the run (else: the others go on)
 
 
 @dataclass
 class RunOutcome:
     """How one pipeline of ``etn run`` ended: ``ok``, a user error (``bug`` False: one
-    ``error:`` line, exit status 2) or a bug (``FAILED`` after its traceback, exit status 1)."""
+    ``error:`` line, exit status 2) or a bug (``FAILED`` after its traceback, exit status 1).
+    An ``ok`` run with ``failures`` (units whose method refused its data) exits 1 too."""
 
     path: Path
     ok: bool
@@ -54,9 +56,13 @@ class RunOutcome:
     table: str = ""
     bug: bool = False
     stages: tuple[str, ...] = ()  # each stage's summary ("train: 61 built, 0 up to date")
+    failures: tuple[UnitFailure, ...] = ()
 
     def line(self) -> str:
         """The pipeline's closing line, kept within 100 columns for a usual path when ok."""
+        if self.ok and self.failures:
+            head = f"FAILED {self.path} ({self.seconds:.1f} s): {self.message}"
+            return f"{head}; {failures_line(self.failures)}"
         if self.ok:
             return f"ok {self.path} ({self.seconds:.1f} s): {self.message}"
         if not self.bug:
@@ -147,11 +153,16 @@ def run_pipeline(
         repaired: set[Path] = set()
         while True:
             try:
-                results = run_stages(plan, dev, world is not None and not world.main)
+                results = run_stages(
+                    plan, dev, world is not None and not world.main, options.fail_fast
+                )
                 if world is not None and not world.main:  # rank 0 alone goes on after extract
                     message = f"{results[-1].summary()} ({world}: extraction only)"
                     return RunOutcome(path, True, time.perf_counter() - started, message)
-                table, written = report(plan, fmt=options.fmt, metric=options.metric)
+                failures = tuple(f for r in results for f in r.failed)
+                table, written = report(
+                    plan, fmt=options.fmt, metric=options.metric, failures=failures
+                )
                 break
             except DamagedArtefact as damage:
                 if damage.path in repaired or not is_derived(plan, damage.path):
@@ -163,19 +174,26 @@ def run_pipeline(
     folder = written[0].parent if written else None
     message = run_summary(results, folder, data_dir)
     stages = tuple(r.summary() for r in results)
-    return RunOutcome(path, True, time.perf_counter() - started, message, table, stages=stages)
+    seconds = time.perf_counter() - started
+    return RunOutcome(path, True, seconds, message, table, stages=stages, failures=failures)
 
 
-def run_stages(plan: Plan, dev: str, extract_only: bool) -> list[StageResult]:
+def run_stages(
+    plan: Plan, dev: str, extract_only: bool, fail_fast: bool = True
+) -> list[StageResult]:
     """Build the backbone's stage zero, finetune (if asked), extract (saving the classifier),
     then (on rank 0) train and evaluate; units already built are skipped, so calling it again
-    after a repair redoes only what is missing."""
+    after a repair redoes only what is missing. Unless ``fail_fast``, a head that refuses its
+    data fails alone: the other heads are trained and scored, its evaluation skipped."""
     prepare(plan)  # stage zero (the digits CNN), outside the [k/N]; the plan follows its keys
     with progress.counting(unit_count(plan)):
         results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
         results.append(extract(plan, device=dev))
         if not extract_only:
-            results += [train(plan, device=dev), evaluate(plan, device=dev)]
+            trained = train(plan, device=dev, fail_fast=fail_fast)
+            failed = {f.path for f in trained.failed}
+            scored = evaluate(plan, device=dev, fail_fast=fail_fast, failed_heads=failed)
+            results += [trained, scored]
     return results
 
 

@@ -51,9 +51,13 @@ def check_plan_features(plan: Plan) -> None:
     check_splits(plan.adapt.path, plan.test.path, {u.name: u.path for u in plan.ood})
 
 
-def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
-    """Fit every missing head unit; finished heads are left untouched unless ``force``."""
-    result = StageResult("train")
+def train(
+    plan: Plan, *, device: str = "cpu", force: bool = False, fail_fast: bool = True
+) -> StageResult:
+    """Fit every missing head unit; finished heads are left untouched unless ``force``. A head
+    refusing its data stops the stage (``fail_fast``) or is recorded as failed while the other
+    heads are fitted."""
+    result = StageResult("train", isolate=not fail_fast)
     for line in plan.skipped:  # heads left out for want of an input ([features] pipelines)
         progress.say(f"train: {line}")
     features_of = {u.role: u for u in (plan.adapt, plan.fit) if u is not None}
