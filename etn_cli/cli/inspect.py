@@ -194,7 +194,7 @@ def pipeline_listing(folder: Path | None) -> str:
     from etn_cli.report.listing import described_listing, missing_folder
 
     if folder is None:
-        files = {name: path for name, path in shipped_pipelines().items()}
+        files = shipped_pipelines()
     elif folder.is_dir():
         files = {str(path): path for path in sorted(folder.glob("*.toml"))}
     else:

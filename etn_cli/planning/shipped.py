@@ -72,7 +72,7 @@ def description(path: Path) -> str:
     """A pipeline file's ``description``, else the first sentence of its leading comment less
     a leading ``examples/x.toml:`` (the examples name themselves); a script's docstring's first
     sentence; empty when it has neither."""
-    text = path.read_text()
+    text = path.read_text(errors="replace")  # a listing shows what it can of any file
     if path.suffix == ".py":
         return first_sentence(ast.get_docstring(ast.parse(text)) or "")
     try:
