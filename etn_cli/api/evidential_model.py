@@ -146,7 +146,8 @@ class EvidentialModel(nn.Module):
         device: str = "cpu",
     ) -> EvidentialModel:
         """The pipeline's backbone (with its ``etn finetune`` weights or adapter, its
-        preprocessing or prompt template) and its trained head ``head`` for ``seed``."""
+        preprocessing or prompt template) and its trained head ``head`` for ``seed``;
+        ``pipeline`` is a file or a shipped pipeline's name (``"digits"``)."""
         from etn_cli.stages.extract import load_backbone
         from etn_cli.stages.trained_heads import pipeline_head, plan_of, read_head
 

@@ -60,8 +60,9 @@ def load_head(
     * ``load_head("etn-<key>", data_dir="data")``: its folder name under ``<data_dir>/heads``,
       a unique beginning of it (``"etn-3f2a"``), or a head name when one such head exists;
     * ``load_head(pipeline="pipelines/digits.toml", head="etn", seed=0, data_dir="data")``:
-      the head ``etn train`` fitted for that pipeline; ``head`` is a head name, a label of the
-      report (``"ETN (prior_mode=5)"``) or a folder name.
+      the head ``etn train`` fitted for that pipeline (a file, or a shipped pipeline's name:
+      ``pipeline="digits"``); ``head`` is a head name, a label of the report
+      (``"ETN (prior_mode=5)"``) or a folder name.
 
     ``data_dir`` defaults to ``$ETN_DATA_DIR``, else ``~/.cache/etn`` (as the command line's).
     """

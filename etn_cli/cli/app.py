@@ -22,7 +22,7 @@ from etn_cli.progress import write_line
 
 app = typer.Typer(
     help="Evidential Transformation Network: trustworthy confidence and OOD scores for any "
-    "pretrained classifier, from cached features.\n\nTypical use: `etn run pipelines/digits.toml`.",
+    "pretrained classifier, from cached features.\n\nTypical use: `etn run digits`.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -47,7 +47,7 @@ def _main_options(
     ] = False,
 ) -> None:
     """Evidential Transformation Network: trustworthy confidence and OOD scores for any
-    pretrained classifier, from cached features. Typical use: `etn run pipelines/digits.toml`."""
+    pretrained classifier, from cached features. Typical use: `etn run digits`."""
 
 
 # In the order `etn --help` lists them.

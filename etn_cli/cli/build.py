@@ -90,7 +90,11 @@ def plan_on(
 
 def run(
     pipelines: Annotated[
-        list[Path], typer.Argument(metavar="PIPELINE", help="Pipeline files or folders of them.")
+        list[Path],
+        typer.Argument(
+            metavar="PIPELINE",
+            help="Pipeline files or folders of them, or shipped pipelines' names (digits).",
+        ),
     ],
     data_dir: DataDir = None,
     device: Device = None,

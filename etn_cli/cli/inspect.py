@@ -25,7 +25,7 @@ from etn_cli.cli.options import (
 from etn_cli.errors import EtnError
 from etn_cli.stages.distributed import refuse_under_torchrun
 
-LISTINGS = ("heads", "backbones", "datasets", "pipelines")
+LISTINGS = ("heads", "backbones", "datasets", "pipelines", "examples")
 
 
 def report(
@@ -146,19 +146,35 @@ def verify(
 
 def list_names(
     what: Annotated[
-        str, typer.Argument(metavar="WHAT", help="heads, backbones, datasets or pipelines.")
+        str,
+        typer.Argument(metavar="WHAT", help="heads, backbones, datasets, pipelines or examples."),
     ],
     folder: Annotated[
-        Path, typer.Option("--folder", metavar="DIR", help="Where to look for pipelines.")
-    ] = Path("pipelines"),
+        Path | None,
+        typer.Option(
+            "--folder",
+            metavar="DIR",
+            help="List the pipeline files of DIR instead of the shipped pipelines.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """List the registered heads (with their family and needs), backbones, datasets, or the
-    pipeline files in a folder."""
+    """List the registered heads (with their family and needs), backbones, datasets, the
+    shipped pipelines (or the pipeline files of a folder) or the shipped examples."""
     what = choose(what, LISTINGS, "listing")
+    if folder is not None and what != "pipelines":
+        raise UsageError(
+            f"--folder lists pipeline files (etn ls pipelines --folder DIR), not {what}."
+        )
     if what == "pipelines":
-        from etn_cli.report.listing import pipeline_listing
-
         typer.echo(pipeline_listing(folder))
+        if folder is None:  # stdout stays one pipeline a line
+            typer.echo(
+                "Run one by its name from any folder (etn run digits); see also etn ls examples.",
+                err=True,
+            )
+    elif what == "examples":
+        typer.echo(example_listing())
     elif what == "heads":
         typer.echo(head_listing())
     elif what == "backbones":
@@ -169,6 +185,37 @@ def list_names(
         from etn_cli.datasets import datasets
 
         typer.echo("\n".join(datasets.names()))
+
+
+def pipeline_listing(folder: Path | None) -> str:
+    """``etn ls pipelines``: the shipped pipelines by the names they run by, or the pipeline
+    files of ``--folder``; each with its one-line description."""
+    from etn_cli.planning.shipped import description, shipped_pipelines
+    from etn_cli.report.listing import described_listing, missing_folder
+
+    if folder is None:
+        files = shipped_pipelines()
+    elif folder.is_dir():
+        files = {str(path): path for path in sorted(folder.glob("*.toml"))}
+    else:
+        raise missing_folder(folder)
+    return described_listing([(name, description(path)) for name, path in files.items()])
+
+
+def example_listing() -> str:
+    """``etn ls examples``: where the shipped examples are and how to use one: copied next to
+    your files, since the paths in an example are relative to it (an installed package's
+    folder is no place for your data)."""
+    from etn_cli.planning.shipped import EXAMPLES, description, shipped_examples
+    from etn_cli.report.listing import described_listing
+
+    rows = [(path.name, description(path)) for path in shipped_examples()]
+    return (
+        f"Examples in {EXAMPLES}; copy one next to your files (its paths are relative to it):\n"
+        f"{described_listing(rows)}\n"
+        f"For example: cp {EXAMPLES / 'images.toml'} . && python {EXAMPLES / 'standins.py'} . "
+        "(stand-ins of the files the examples read, written here)"
+    )
 
 
 def head_listing() -> str:

@@ -45,7 +45,11 @@ Device = Annotated[
     ),
 ]
 PipelineArg = Annotated[
-    Path, typer.Argument(metavar="PIPELINE", help="A pipeline file, e.g. pipelines/digits.toml.")
+    Path,
+    typer.Argument(
+        metavar="PIPELINE",
+        help="A pipeline file (my.toml) or a shipped pipeline's name (digits: `etn ls pipelines`).",
+    ),
 ]
 Force = Annotated[bool, typer.Option("--force", help="Redo finished units (new copy swapped in).")]
 FailFast = Annotated[

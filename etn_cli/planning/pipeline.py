@@ -240,18 +240,17 @@ TOP_LEVEL = (
 def load_pipeline(
     path: Path, overrides: tuple[str, ...] = (), only: tuple[str, ...] = ()
 ) -> Pipeline:
-    """Parse and check a pipeline file; every problem is one EtnError naming file and key.
+    """Parse and check a pipeline file (or the shipped pipeline a name such as ``digits``
+    names: :func:`~etn_cli.planning.shipped.find_pipeline`); every problem is one EtnError
+    naming file and key.
 
     ``overrides`` are ``--set KEY=VALUE`` strings applied to the file's tables before it is
     checked (:func:`etn_cli.planning.overrides.apply_overrides`); ``only`` keeps the heads of those
     names or labels (``--only etn,map``)."""
     from etn_cli.planning.overrides import apply_overrides, keep_heads, selection_key
+    from etn_cli.planning.shipped import find_pipeline
 
-    path = Path(path)
-    if not path.is_file():
-        raise EtnError(
-            f"Pipeline file {path} does not exist. List shipped ones with `etn ls pipelines`."
-        )
+    path = find_pipeline(path)  # a file, or the shipped pipeline of a name (``digits``)
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
@@ -406,7 +405,7 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
             raise EtnError(f'{path} [backbone] needs name = "...". See `etn ls backbones`.')
     return Pipeline(
         name=name,
-        path=path.resolve(),
+        path=Path(os.path.abspath(path)),  # not resolved: examples/ in a clone is a link
         heads=heads,
         seeds=_seeds(raw.get("seeds", [0, 1, 2]), path),
         backbone=backbone,

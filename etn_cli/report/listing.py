@@ -3,13 +3,15 @@
 The command gathers the entries (:mod:`etn_cli.cli.inspect`, which knows the registries);
 this module only lays them out. Heads come with their family and what they need beyond the
 cached features (the backbone's classifier, intermediate layers, ID statistics of the ``fit``
-split); pipelines are the ``*.toml`` files of a folder.
+split); pipelines (and examples) are files with a one-line description each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from etn_cli.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,21 @@ def head_listing(entries: list[HeadEntry]) -> str:
     )
 
 
-def pipeline_listing(folder: Path) -> str:
-    """The pipeline files of ``folder``, one path a line."""
-    if not folder.is_dir():
-        from etn_cli.errors import UsageError
+def described_listing(rows: list[tuple[str, str]], width: int = 100) -> str:
+    """One line per ``(name, description)``, the descriptions aligned and cut to ``width``
+    columns (a cut one ends in "…")."""
+    if not rows:
+        return ""
+    column = max(len(name) for name, _ in rows) + 2
+    room = max(width - column, 20)
+    return "\n".join(
+        (name.ljust(column) + (text if len(text) <= room else text[: room - 1] + "…")).rstrip()
+        for name, text in rows
+    )
 
-        raise UsageError(
-            f"Expected a folder of pipeline files at {folder}, found none. Pass --folder "
-            "with the folder that holds your *.toml files (the shipped ones are in the "
-            "repository's pipelines/)."
-        )
-    return "\n".join(str(p) for p in sorted(folder.glob("*.toml")))
+
+def missing_folder(folder: Path) -> UsageError:
+    return UsageError(
+        f"Expected a folder of pipeline files at {folder}, found none. Pass --folder with the "
+        "folder that holds your *.toml files, or leave it out for the shipped pipelines."
+    )

@@ -23,6 +23,7 @@ from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.metrics.reliability import RELIABILITY_METRICS
 from etn_cli.planning.overrides import selection
 from etn_cli.planning.plan import MetricsUnit, Plan
+from etn_cli.planning.shipped import shown
 from etn_cli.provenance import etn_version, now
 from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
@@ -61,7 +62,7 @@ def metrics_paths(plan: Plan, units: Sequence[MetricsUnit] | None = None) -> lis
         raise EtnError(
             f"{len(missing)} of {len(plan.metrics)} metrics files of pipeline "
             f"{plan.pipeline.name!r} are missing in {plan.data_dir} (first: {missing[0].name}). "
-            f"Run `etn run {plan.pipeline.path}` first (or pass the --data-dir it used)."
+            f"Run `etn run {shown(plan.pipeline.path)}` first (or pass the --data-dir it used)."
         )
     return [u.path for u in units]
 

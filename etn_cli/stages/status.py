@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etn_cli.planning.plan import Plan
+from etn_cli.planning.shipped import shown
 from etn_cli.store.atomic import is_locked, partial_folders
 from etn_cli.store.maintenance.leftovers import TMP_FILE, peek_partial
 from etn_cli.store.writing.manifest import load_manifest, split_is_complete
@@ -90,7 +91,7 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
         f"{n} {state}" for state, n in counts.items()
     )
     if counts["partial"] or counts["missing"] or counts.get("damaged"):
-        summary += f"; `etn run {_shown(plan.pipeline.path)}` builds the rest"
+        summary += f"; `etn run {shown(plan.pipeline.path)}` builds the rest"
     if not plan.data_dir.is_dir():
         summary += f" (no data directory at {plan.data_dir} yet)"
         return "\n".join([*lines, summary])
@@ -151,14 +152,6 @@ def _file_unit(kind: str, name: str, path: Path) -> UnitStatus:
 
 def _holder(path: Path) -> str:
     return "running" if is_locked(path) else "interrupted"
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the working directory when it lies below it."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def _relative(path: Path, plan: Plan) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head
 from etn_cli.planning.plan import HeadUnit, Plan
+from etn_cli.planning.shipped import shown
 from etn_cli.stages.predict_options import no_head, no_seed
 from etn_cli.store.storage import default_data_dir
 
@@ -86,7 +87,7 @@ def pipeline_head(plan: Plan, head: str, seed: int) -> HeadUnit:
     if not (unit.path / "train.json").is_file():
         raise EtnError(
             f"Head {unit.label!r} (seed {seed}) of {where} is not trained: expected it at "
-            f"{unit.path}. Run `etn train {where}` (or `etn run`) first."
+            f"{unit.path}. Run `etn train {shown(where)}` (or `etn run`) first."
         )
     return unit
 

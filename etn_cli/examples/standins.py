@@ -1,6 +1,7 @@
 """Stand-ins for your own files, so that the README's "Your own model" examples run anywhere.
 
     python examples/standins.py          # writes them next to the example pipelines
+    python examples/standins.py DIR      # or into DIR (an installed etn: see `etn ls examples`)
     etn run examples/images.toml         # then each example as written
     etn run examples/questions.toml
     etn run examples/features.toml
@@ -98,7 +99,13 @@ def record(question: object, i: int, answered: bool) -> dict:
 
 def write_llm(folder: Path) -> Path:
     """``folder/my_llm``: the test suite's tiny random Llama with its local tokenizer."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
+    tests = HERE.parents[1] / "tests"  # etn_cli/examples/ -> the clone's tests/
+    if not (tests / "llm_fixtures.py").is_file():
+        raise SystemExit(
+            "my_llm is the test suite's tiny Llama (tests/llm_fixtures.py), which a clone of etn "
+            "has and an installed etn does not; set model in questions.toml to your own model."
+        )
+    sys.path.insert(0, str(tests))
     from llm_fixtures import make_llama
 
     return make_llama(folder / "my_llm")
@@ -125,7 +132,7 @@ def write_features(folder: Path, seed: int = 0) -> Path:
 
 
 def main(folder: Path = HERE) -> None:
-    for make in (write_images, write_questions, write_llm, write_features):
+    for make in (write_images, write_questions, write_features, write_llm):  # my_llm needs a clone
         print(f"wrote {make(folder)}")
 
 
