@@ -160,9 +160,7 @@ def run_pipeline(
                     message = f"{results[-1].summary()} ({world}: extraction only)"
                     return RunOutcome(path, True, time.perf_counter() - started, message)
                 failures = tuple(f for r in results for f in r.failed)
-                table, written = report(
-                    plan, fmt=options.fmt, metric=options.metric, failures=failures
-                )
+                table, written, _ = report(plan, fmt=options.fmt, metric=options.metric)
                 break
             except DamagedArtefact as damage:
                 if damage.path in repaired or not is_derived(plan, damage.path):
@@ -191,9 +189,7 @@ def run_stages(
         results.append(extract(plan, device=dev))
         if not extract_only:
             trained = train(plan, device=dev, fail_fast=fail_fast)
-            failed = {f.path for f in trained.failed}
-            scored = evaluate(plan, device=dev, fail_fast=fail_fast, failed_heads=failed)
-            results += [trained, scored]
+            results += [trained, evaluate(plan, device=dev, fail_fast=fail_fast)]
     return results
 
 
