@@ -24,6 +24,7 @@ from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
 STATES = ("done", "partial", "missing", "failed", "damaged")
 SHOWN_WHEN_ANY = ("failed", "damaged")  # counted in the summary only when there are some
+WIDTH = 100  # a table row's columns at most
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,14 @@ def status(plan: Plan) -> list[UnitStatus]:
 
 
 def _failed(unit: UnitStatus) -> UnitStatus:
-    """A ``missing`` unit with a failure record is ``failed``, its reason's first sentence
-    the detail (:mod:`etn_cli.stages.failure_records`)."""
+    """A ``missing`` unit with a failure record is ``failed``, the stage and reason its detail
+    (:mod:`etn_cli.stages.failure_records`)."""
     failure = recorded_failure(unit.path) if unit.state == "missing" else None
     if failure is None:
         return unit
-    first = re.split(r"(?<=\.) (?=[A-Z])", failure.reason)[0]
-    return UnitStatus(unit.kind, unit.name, "failed", f"{failure.stage}: {first}", unit.path)
+    return UnitStatus(
+        unit.kind, unit.name, "failed", f"{failure.stage}: {failure.reason}", unit.path
+    )
 
 
 def _checked(unit: UnitStatus) -> UnitStatus:
@@ -97,7 +99,7 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
         return _status_rows(header, rows, fmt)
     rows = [header[:4], *(row[:4] for row in rows)]  # paths: --format csv/json (too wide here)
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+    lines = [_fit("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
              for row in rows]  # fmt: skip
     counts = {state: sum(u.state == state for u in units) for state in STATES}
     for state in SHOWN_WHEN_ANY:
@@ -167,6 +169,12 @@ def _file_unit(kind: str, name: str, path: Path) -> UnitStatus:
     if tmp or is_locked(path):
         return UnitStatus(kind, name, "partial", _holder(path), path)
     return UnitStatus(kind, name, "missing", "", path)
+
+
+def _fit(line: str) -> str:
+    """``line`` cut to :data:`WIDTH` columns (a failure's or damage's whole detail: --format
+    json or csv)."""
+    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
 
 
 def _holder(path: Path) -> str:
