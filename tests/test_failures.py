@@ -49,6 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.Compl
     for command in ("evaluate", "report", "status"):  # each on its own, after the run
         found[command] = etn(command, pipeline, "-d", data)
     found["status json"] = json.loads(etn("status", pipeline, "-d", data, "-f", "json").stdout)
+    found["dry run"] = etn("run", pipeline, "-d", data, "--dry-run")
     found["rerun"] = etn("run", pipeline, "-d", data)
     found["train"] = etn("train", pipeline, "-d", data)
     found["train fail-fast"] = etn("train", pipeline, "-d", data, "--force", "--fail-fast")
@@ -149,6 +150,7 @@ def test_etn_status_shows_the_failed_head_with_its_reason(runs) -> None:
     assert rows["head", "MAP seed 0"]["state"] == "done"
     summary = done.stdout.splitlines()[-1]
     assert "1 missing, 1 failed; `etn run " in summary and "retries the failed" in summary
+    assert "  would retry head       Mahalanobis seed 0\n" in runs["dry run"].stdout
 
 
 def test_a_method_missing_a_seed_says_how_many_seeds_its_numbers_come_from(runs) -> None:

@@ -261,7 +261,7 @@ def dry_run_report(
         units = status(plan)
         lines = [f"{path} (data directory {plan.data_dir}):"]
         for u in units:
-            action = "cached  " if u.state == "done" else "would build"
+            action = {"done": "cached  ", "failed": "would retry"}.get(u.state, "would build")
             lines.append(f"  {action:<11} {u.kind:<10} {u.name}")
         todo = sum(u.state != "done" for u in units)
         lines.append(f"  {len(units)} units: {len(units) - todo} cached, {todo} to build")
