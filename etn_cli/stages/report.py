@@ -104,7 +104,7 @@ def table_text(
     if fmt == "json":
         return results_json(summary)
     table = view(comparison.marked(summary, metric) if comparison else summary, metric)
-    shown = summary["method_label"].unique().to_list()
+    shown = summary["method_label"].unique().to_list() if failed else []
     with_notes = fmt in ("table", "markdown")
     if failed:
         table = with_failed_rows(table, failed, shown, mark=with_notes)
