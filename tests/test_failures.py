@@ -2,7 +2,8 @@
 alone, through the installed ``etn`` entry point in a subprocess. The tiny digits pipeline of
 the reliability tests gets a Mahalanobis head fitted on 5 rows of the train split, too few to
 hold every class, which Mahalanobis refuses (:func:`~etn_cli.heads.scorers.base.check_every_class`);
-ETN and MAP fit on the adaptation split as before."""
+ETN and MAP fit on the adaptation split as before. The failure record the run leaves beside the
+head lets ``etn evaluate``, ``etn report`` and ``etn status`` on their own say it failed."""
 
 from __future__ import annotations
 
