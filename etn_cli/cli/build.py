@@ -299,12 +299,13 @@ def evaluate(
 
 
 def said(result: Any) -> None:
-    """Print a stage's summary; with units that failed, a closing line on stderr, exit 1."""
+    """Print a stage's summary; with units that failed (here, or earlier and left units of
+    this stage unbuilt), a closing line on stderr, exit 1."""
     typer.echo(result.summary())
-    if result.failed:
+    if result.failures():
         from etn_cli.stages.result import failures_line
 
-        typer.echo(failures_line(result.failed), err=True)
+        typer.echo(failures_line(result.failures()), err=True)
         raise typer.Exit(1)
 
 

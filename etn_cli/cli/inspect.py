@@ -72,7 +72,8 @@ def report(
 
     Tables, results.json and plots go to <data-dir>/reports/<pipeline>/ (with --set or
     --only: <pipeline>+<8 hex of them>/; their paths on stderr); the table in the chosen
-    format goes to stdout. Nothing is trained or scored."""
+    format goes to stdout. Nothing is trained or scored. Methods that failed in an earlier
+    run or command are reported as failed, with the reason, and the exit code is 1."""
     from etn_cli.report.metric_names import check_metric
 
     refuse_under_torchrun("report")
@@ -88,23 +89,29 @@ def report(
             checked_pipeline(source, overrides, only)
         elif not source.is_file():
             raise EtnError(f"Metrics file {source} does not exist. Run evaluate or fix the path.")
+    from etn_cli.report.failures import failed_units_line
     from etn_cli.stages.report import report as run_report
     from etn_cli.stages.report import report_files
 
-    tables, written = [], []
+    tables, written, failures = [], [], []
     for source in sources:
         if source.suffix != ".parquet":
             plan = load_plan(source, data_dir, overrides, only, read_only=True)
-            table, files = run_report(
+            table, files, failed = run_report(
                 plan, fmt=fmt, metric=metric, compare=compare, bootstrap=bootstrap
             )
             tables.append(table)
             written += files
+            failures += [failed_units_line(failed, source)] if failed else []
     if parquet:
         tables.append(report_files(parquet, fmt=fmt, metric=metric))
     typer.echo("\n\n".join(t.rstrip("\n") for t in tables))
     for path in written:  # stdout stays the table
         typer.echo(f"wrote {path}", err=True)
+    for line in failures:  # 1: the report is whole but for methods that refused their data
+        typer.echo(line, err=True)
+    if failures:
+        raise typer.Exit(1)
 
 
 def verify(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from etn_cli.stages.conformal_sets import (
     test_name,
 )
 from etn_cli.stages.evaluate_rows import row_columns
+from etn_cli.stages.failure_records import recorded_failure
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.stages.units import Unit, build_units
@@ -59,12 +60,11 @@ def evaluate(
     device: str = "cpu",
     force: bool = False,
     fail_fast: bool = True,
-    failed_heads: Collection[str] = (),
 ) -> StageResult:
     """Write the metrics file of every head whose file is missing (or all, with ``force``). A
     head refusing the test or OOD data stops the stage (``fail_fast``) or is recorded as failed
-    while the others are scored; the heads at ``failed_heads`` (paths whose training failed)
-    are skipped, saying so."""
+    while the others are scored; a head whose training failed (its failure record, written by
+    ``train`` in this run or an earlier command) is skipped, saying so."""
     read = cache(read_split)
     result = StageResult("evaluate", isolate=not fail_fast)
     heads: dict[str, Head] = {}
@@ -82,8 +82,8 @@ def evaluate(
 
     units = []
     for unit in plan.metrics:
-        if str(unit.head.path) in failed_heads:
-            result.block(unit.path, unit_name(unit.head), "its head failed to train")
+        if (failed := recorded_failure(unit.head.path)) is not None:
+            result.block(unit.path, unit_name(unit.head), "its head failed to train", failed)
         else:
             units.append(MetricsFile(unit, score))
     with explained_storage_errors():

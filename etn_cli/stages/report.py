@@ -36,6 +36,7 @@ from etn_cli.report.render import render
 from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
+from etn_cli.stages.failure_records import plan_failures
 from etn_cli.store.artefacts.predictions import predictions_path
 from etn_cli.store.artefacts.sealed import repair_line
 from etn_cli.store.atomic import atomic_write_text
@@ -67,21 +68,22 @@ def metrics_paths(plan: Plan, units: Sequence[MetricsUnit] | None = None) -> lis
     return [u.path for u in units]
 
 
-def failed_entries(plan: Plan, failures: Sequence[Any]) -> dict[str, dict[str, Any]]:
-    """Per metrics key, the method and seed a run's failure (a
-    :class:`~etn_cli.stages.result.UnitFailure`) left without metrics, as ``results.json``
-    lists it under ``failed``: its own (a scorer refused the test data) or its head's."""
-    by_path = {f.path: f for f in failures}
-    found = {}
+def failed_entries(plan: Plan) -> dict[str, dict[str, Any]]:
+    """Per metrics key, the method and seed a recorded failure
+    (:mod:`etn_cli.stages.failure_records`) left without metrics, as ``results.json`` lists it
+    under ``failed``: its own (a scorer refused the test data) or its head's; ``method_seeds``
+    are the seeds the method has in the plan."""
+    seeds: dict[str, list[int]] = {}
     for unit in plan.metrics:
-        failure = by_path.get(str(unit.head.path)) or by_path.get(str(unit.path))
-        if failure is not None:
-            head = unit.head
-            found[unit.key] = {
-                "method": head.head.name, "method_label": head.label,
-                "family": head.head.family, "seed": head.seed, "stage": failure.stage,
-                "reason": failure.reason, "metrics_key": unit.key,
-            }  # fmt: skip
+        seeds.setdefault(unit.head.label, []).append(unit.head.seed)
+    found = {}
+    for key, failure in plan_failures(plan).items():
+        head = next(u.head for u in plan.metrics if u.key == key)
+        found[key] = {
+            "method": head.head.name, "method_label": head.label, "family": head.head.family,
+            "seed": head.seed, "method_seeds": seeds[head.label], "stage": failure.stage,
+            "reason": failure.reason, "metrics_key": key,
+        }  # fmt: skip
     return found
 
 
@@ -98,16 +100,19 @@ def table_text(
     (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given);
     with a paired ``comparison``, cells that differ significantly from its reference carry a
     ``†``; a ``failed`` method (an entry of :func:`failed_entries`) without results has a
-    ``(failed)`` row, and the footnote says why each failed."""
+    ``(failed)`` row, one with results from some seeds a ``‡`` (plain text and Markdown), and
+    the footnote says why each failed and how many seeds the marked numbers come from."""
     if fmt == "json":
         return results_json(summary)
     table = view(comparison.marked(summary, metric) if comparison else summary, metric)
+    shown = summary["method_label"].unique().to_list() if failed else []
+    with_notes = fmt in ("table", "markdown")
     if failed:
-        table = with_failed_rows(table, failed, summary["method_label"].unique().to_list())
+        table = with_failed_rows(table, failed, shown, mark=with_notes)
     body = render(table, fmt)
-    if fmt in ("table", "markdown"):
+    if with_notes:
         note = footnote(table, metric) + (f"\n{fitted_on}" if fitted_on else "")
-        note += f"\n{failures_note(failed)}" if failed else ""
+        note += f"\n{failures_note(failed, shown)}" if failed else ""
         note += f"\n{comparison.note()}" if comparison else ""
         return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
     return body
@@ -179,18 +184,18 @@ def report(
     metric: str | None = None,
     compare: str | None = None,
     bootstrap: int = BOOTSTRAP_SAMPLES,
-    failures: Sequence[Any] = (),
-) -> tuple[str, list[Path]]:
+) -> tuple[str, list[Path], list[dict[str, Any]]]:
     """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
-    return the table in ``fmt`` with the paths written (unchanged plots are not redrawn).
-    ``compare`` names a reference method for paired comparisons (``bootstrap`` replicates),
-    whose table follows the results table. ``failures`` are the units a run failed: their
-    methods are reported as failed, with the reason."""
-    failed_by_key = failed_entries(plan, failures)
+    return the table in ``fmt``, the paths written (unchanged plots are not redrawn) and the
+    failed entries (:func:`failed_entries`). ``compare`` names a reference method for paired
+    comparisons (``bootstrap`` replicates), whose table follows the results table. A method
+    whose unit has a failure record is reported as failed, with the reason; any other missing
+    metrics file refuses the report."""
+    failed_by_key = failed_entries(plan)
     failed = list(failed_by_key.values())
     units = [u for u in plan.metrics if u.key not in failed_by_key]
     if not units:
-        return every_method_failed(plan, failed)
+        return (*every_method_failed(plan, failed), failed)
     metrics = with_shift_groups(read_metrics(metrics_paths(plan, units)), plan)
     summary = summarize(metrics)
     fitted_on = notes(metrics)
@@ -234,11 +239,11 @@ def report(
             old.unlink(missing_ok=True)
     write_plot_record(folder, key, drawn, sorted(names))
     if fmt == "json":
-        return results_json(summary, extra), written
+        return results_json(summary, extra), written, failed
     shown = table_text(summary, fmt, metric, fitted_on, comparison, failed=failed)
     if comparison is not None:
         shown = shown.rstrip("\n") + "\n\n" + comparison.table_text(fmt, metric)
-    return shown, written
+    return shown, written, failed
 
 
 def every_method_failed(plan: Plan, failed: list[dict]) -> tuple[str, list[Path]]:

@@ -37,6 +37,7 @@ class StageResult:
     skipped: list[str] = field(default_factory=list)
     failed: list[UnitFailure] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)  # not built: a unit it needs failed
+    blocking: list[UnitFailure] = field(default_factory=list)  # those units' failures
     isolate: bool = False
 
     def skip(
@@ -68,10 +69,18 @@ class StageResult:
             return
         self.done.append(str(path))
 
-    def block(self, path: Path, name: str, why: str) -> None:
-        """Record a unit left unbuilt because a unit it needs failed (one ``skipped`` line)."""
+    def block(self, path: Path, name: str, why: str, failure: UnitFailure) -> None:
+        """Record a unit left unbuilt because a unit it needs failed (``failure``, recorded by
+        an earlier stage or command), in one ``skipped`` line."""
         self.blocked.append(str(path))
+        if failure not in self.blocking:
+            self.blocking.append(failure)
         progress.skipped(self.stage, name, why, shown=True)
+
+    def failures(self) -> list[UnitFailure]:
+        """The units that failed here and those whose failure left units of this stage
+        unbuilt: what a command run on its own names in its closing line."""
+        return [*self.blocking, *self.failed]
 
     def summary(self) -> str:
         text = f"{self.stage}: {len(self.done)} built, {len(self.skipped)} up to date"

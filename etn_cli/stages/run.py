@@ -160,9 +160,7 @@ def run_pipeline(
                     message = f"{results[-1].summary()} ({world}: extraction only)"
                     return RunOutcome(path, True, time.perf_counter() - started, message)
                 failures = tuple(f for r in results for f in r.failed)
-                table, written = report(
-                    plan, fmt=options.fmt, metric=options.metric, failures=failures
-                )
+                table, written, _ = report(plan, fmt=options.fmt, metric=options.metric)
                 break
             except DamagedArtefact as damage:
                 if damage.path in repaired or not is_derived(plan, damage.path):
@@ -191,9 +189,7 @@ def run_stages(
         results.append(extract(plan, device=dev))
         if not extract_only:
             trained = train(plan, device=dev, fail_fast=fail_fast)
-            failed = {f.path for f in trained.failed}
-            scored = evaluate(plan, device=dev, fail_fast=fail_fast, failed_heads=failed)
-            results += [trained, scored]
+            results += [trained, evaluate(plan, device=dev, fail_fast=fail_fast)]
     return results
 
 
@@ -265,7 +261,7 @@ def dry_run_report(
         units = status(plan)
         lines = [f"{path} (data directory {plan.data_dir}):"]
         for u in units:
-            action = "cached  " if u.state == "done" else "would build"
+            action = {"done": "cached  ", "failed": "would retry"}.get(u.state, "would build")
             lines.append(f"  {action:<11} {u.kind:<10} {u.name}")
         todo = sum(u.state != "done" for u in units)
         lines.append(f"  {len(units)} units: {len(units) - todo} cached, {todo} to build")

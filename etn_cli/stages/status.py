@@ -4,8 +4,9 @@ A unit is ``done`` when its completion record exists (a split's manifest, a head
 ``train.json``, a metrics file, ``finetune.json``), ``partial`` when a private folder or
 temporary file of an unfinished build is there (with the shards an extraction has finished so
 far, and whether a running process holds it), ``damaged`` when a finished unit's files no longer
-match their recorded checksums (``etn run`` rebuilds it), and ``missing`` otherwise. Nothing is
-written.
+match their recorded checksums (``etn run`` rebuilds it), ``failed`` when its method refused its
+data (its failure record gives the reason; ``etn run`` retries it), and ``missing`` otherwise
+(a metrics file whose head failed says so). Nothing is written.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from pathlib import Path
 
 from etn_cli.planning.plan import Plan
 from etn_cli.planning.shipped import shown
+from etn_cli.stages.failure_records import recorded_failure
 from etn_cli.store.atomic import is_locked, partial_folders
 from etn_cli.store.maintenance.leftovers import TMP_FILE, peek_partial
 from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
-STATES = ("done", "partial", "missing", "damaged")
+STATES = ("done", "partial", "missing", "failed", "damaged")
+SHOWN_WHEN_ANY = ("failed", "damaged")  # counted in the summary only when there are some
+WIDTH = 100  # a table row's columns at most
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,25 @@ def status(plan: Plan) -> list[UnitStatus]:
     for head in plan.heads:
         name = f"{head.label} seed {head.seed}"
         done = (head.path / "train.json").is_file()
-        units.append(_folder_unit("head", name, head.path, done))
+        units.append(_failed(_folder_unit("head", name, head.path, done)))
     for metrics in plan.metrics:
         name = f"{metrics.head.label} seed {metrics.head.seed}"
-        units.append(_file_unit("metrics", name, metrics.path))
+        unit = _failed(_file_unit("metrics", name, metrics.path))
+        if unit.state == "missing" and recorded_failure(metrics.head.path) is not None:
+            unit = UnitStatus("metrics", name, "missing", "its head failed", metrics.path)
+        units.append(unit)
     return [_checked(unit) for unit in units]
+
+
+def _failed(unit: UnitStatus) -> UnitStatus:
+    """A ``missing`` unit with a failure record is ``failed``, the stage and reason its detail
+    (:mod:`etn_cli.stages.failure_records`)."""
+    failure = recorded_failure(unit.path) if unit.state == "missing" else None
+    if failure is None:
+        return unit
+    return UnitStatus(
+        unit.kind, unit.name, "failed", f"{failure.stage}: {failure.reason}", unit.path
+    )
 
 
 def _checked(unit: UnitStatus) -> UnitStatus:
@@ -82,16 +100,20 @@ def render_status(plan: Plan, units: list[UnitStatus], fmt: str = "table") -> st
         return _status_rows(header, rows, fmt)
     rows = [header[:4], *(row[:4] for row in rows)]  # paths: --format csv/json (too wide here)
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+    lines = [_fit("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
              for row in rows]  # fmt: skip
     counts = {state: sum(u.state == state for u in units) for state in STATES}
-    if not counts["damaged"]:
-        del counts["damaged"]
+    for state in SHOWN_WHEN_ANY:
+        if not counts[state]:
+            del counts[state]
     summary = f"{plan.pipeline.name}: {len(units)} units, " + ", ".join(
         f"{n} {state}" for state, n in counts.items()
     )
-    if counts["partial"] or counts["missing"] or counts.get("damaged"):
-        summary += f"; `etn run {shown(plan.pipeline.path)}` builds the rest"
+    command = f"`etn run {shown(plan.pipeline.path)}`"
+    if counts.get("failed"):
+        summary += f"; {command} retries the failed and builds the rest"
+    elif counts["partial"] or counts["missing"] or counts.get("damaged"):
+        summary += f"; {command} builds the rest"
     if not plan.data_dir.is_dir():
         summary += f" (no data directory at {plan.data_dir} yet)"
         return "\n".join([*lines, summary])
@@ -148,6 +170,12 @@ def _file_unit(kind: str, name: str, path: Path) -> UnitStatus:
     if tmp or is_locked(path):
         return UnitStatus(kind, name, "partial", _holder(path), path)
     return UnitStatus(kind, name, "missing", "", path)
+
+
+def _fit(line: str) -> str:
+    """``line`` cut to :data:`WIDTH` columns (a failure's or damage's whole detail: --format
+    json or csv)."""
+    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
 
 
 def _holder(path: Path) -> str:

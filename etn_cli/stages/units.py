@@ -14,7 +14,10 @@ whether it is intact (:meth:`Unit.damage`) and how to build itself into a tempor
 5. **build** it into a private folder, **seal** it (a record listing the sha256 of its files,
    itself sealed, written last) and **publish** it by renaming the folder into place;
 6. **log** a start and an end line (:mod:`etn_cli.progress`) and record the unit in the
-   stage's :class:`~etn_cli.stages.result.StageResult`.
+   stage's :class:`~etn_cli.stages.result.StageResult`;
+7. **remember** a unit whose method refused its data, when the stage isolates refusals, in a
+   failure record beside where it would be, and forget it once the unit builds
+   (:mod:`etn_cli.stages.failure_records`): later commands read why it is missing.
 
 A stage says what to build; :func:`build_units` (or :func:`build_unit`) builds it safely.
 Extraction, whose split is written by processes that share it, takes steps 1-4 from
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from etn_cli import progress
+from etn_cli.stages.failure_records import forget_failure, remember_failure
 from etn_cli.stages.result import StageResult
 from etn_cli.store.artefacts.records import write_record
 from etn_cli.store.artefacts.sealed import discard, repair_line
@@ -116,8 +120,8 @@ def claim(unit: Unit, locks: ExitStack, *, force: bool = False, reason: str = ""
 def build_unit(
     unit: Unit, result: StageResult, *, force: bool = False, quiet: bool = False
 ) -> bool:
-    """Build ``unit`` unless it is intact (the six steps of the module docstring); True when
-    it was built. ``quiet`` keeps its lines off (every torchrun rank but 0)."""
+    """Build ``unit`` unless it is intact (the steps of the module docstring); True when it
+    was built. ``quiet`` keeps its lines off (every torchrun rank but 0)."""
     with ExitStack() as locks:
         claimed = claim(unit, locks, force=force)
         if not claimed.build:
@@ -125,7 +129,10 @@ def build_unit(
             return False
         with building(unit, result, claimed.reason, quiet):
             unit.write(force)
-    return True
+            forget_failure(unit.path)
+            return True
+        remember_failure(result.failed[-1])  # reached only past a refusal the stage isolated
+    return False
 
 
 def build_units(
