@@ -23,7 +23,7 @@ PLACES = (  # (dx, dy) in units of the step, with the text's alignment
     (-1, 1, "right", "bottom"),
     (-1, -1, "right", "top"),
 )
-STEPS = (6, 14, 24)  # points from the marker's centre
+STEPS = (6, 14, 24, 36, 50)  # points from the marker's centre
 
 
 def marker_box(ax, x: float, y: float, size: float) -> Bbox:

@@ -1,11 +1,11 @@
 """How every figure of a report draws a method, a score and an axis: one place, so a method
 looks the same in the frontier, the risk–coverage curves and the reliability diagrams.
 
-* **Colour by family, shape by member** (Okabe & Ito's colour-blind-safe colours): the family
-  reads at a glance and every method of a report has its own colour-and-marker pair.
-  :func:`method_styles` hands out the pairs by name within a family, not by row order, so
-  every plot of one report gets the same pair for the same method. A family of more than
-  :data:`MARKERS` members continues in its second shade.
+* **Shape by family, colour by member** (Okabe & Ito's colour-blind-safe colours): a circle
+  is evidential, a triangle Bayesian, a square deterministic, a diamond post-hoc, and
+  neighbouring methods differ in colour, so the curves of one family stay apart.
+  :func:`method_styles` hands out the pairs by family and name, not by row order, so every
+  plot of one report gets the same pair for the same method, and no two methods share one.
 * **Scores** (the sweep plots' series: ACC, MP, UM, MI, DE) have their own styles.
 * **Log axes only where the data span decades** (:func:`spans_decades`), with plain tick
   labels (``0.01``, ``0.1``, ``1``), not powers of ten.
@@ -19,15 +19,17 @@ import polars as pl
 
 from etn_cli.report.tables import row_labels
 
-# the family's main shade, then its second one for members past len(MARKERS)
-FAMILY_COLOURS = {
-    "evidential": ("#0072B2", "#56B4E9"),  # blue, sky blue
-    "bayesian": ("#E69F00", "#8C5A00"),  # orange, dark orange
-    "deterministic": ("#009E73", "#00563F"),  # bluish green, dark green
-    "posthoc": ("#CC79A7", "#7A2E5A"),  # reddish purple, dark purple
-    "other": ("#555555", "#999999"),  # greys
+# Okabe & Ito's colour-blind-safe colours (their yellow left out: too faint on white), in an
+# order that keeps neighbours apart
+COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000")
+FAMILY_MARKERS = {  # the first shape says the family; the others take over past len(COLOURS)
+    "evidential": ("o", "h"),
+    "bayesian": ("^", "v"),
+    "deterministic": ("s", "P"),
+    "posthoc": ("D", "X", "p", "*", "d"),
+    "other": ("H", "8"),
 }
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*", "d", "H")
+SPARE_MARKERS = ("<", ">", "o", "h", "^", "v", "s", "P", "D", "X", "p", "*", "d", "H", "8")
 SCORE_STYLES = {  # the sweep plots' series
     "ACC": {"color": "#000000", "marker": "s"},
     "MP": {"color": "#0072B2", "marker": "o"},
@@ -40,7 +42,7 @@ DECADES = 20.0  # a positive axis whose largest value is this many times its sma
 
 @dataclass(frozen=True)
 class Style:
-    """A method's look: its family's colour and its own marker."""
+    """A method's look: its own colour and its family's marker."""
 
     color: str
     marker: str
@@ -52,24 +54,33 @@ class Style:
 
 def method_styles(frame: pl.DataFrame) -> dict[str, Style]:
     """Display label (:func:`row_labels`) -> style, for every method in a metrics or summary
-    frame: the members of a family, sorted by name, variant and label, take the markers in
-    turn, so the pairs do not depend on the order of the frame's rows."""
+    frame. The methods, sorted by family and then by name, variant and label (never by the
+    order of the frame's rows), take the colours in turn; each has its family's shape, the
+    family's next shape once its colours come round again, so no two share both."""
     styles: dict[str, Style] = {}
-    members: dict[str, int] = {}
     labels = row_labels(frame)
-    for key in sorted(labels, key=lambda k: tuple(str(part) for part in k)):
-        label = labels[key]
-        family = key[3] if key[3] in FAMILY_COLOURS else "other"
+    rank = {family: i for i, family in enumerate(FAMILY_MARKERS)}
+    ordered = sorted(
+        labels, key=lambda k: (rank.get(_family(k), 99), tuple(str(part) for part in k))
+    )
+    members: dict[str, int] = {}
+    for i, key in enumerate(ordered):
+        family = _family(key)
         index = members.get(family, 0)
         members[family] = index + 1
-        shade = FAMILY_COLOURS[family][(index // len(MARKERS)) % 2]
-        styles[label] = Style(shade, MARKERS[index % len(MARKERS)])
+        shapes = FAMILY_MARKERS[family]
+        shapes += tuple(m for m in SPARE_MARKERS if m not in shapes)
+        styles[labels[key]] = Style(COLOURS[i % len(COLOURS)], shapes[index // len(COLOURS)])
     return styles
 
 
+def _family(key: tuple) -> str:
+    return key[3] if key[3] in FAMILY_MARKERS else "other"
+
+
 def family_style(family: str | None) -> Style:
-    """The look of a family as a whole (its main shade, its first member's marker)."""
-    return Style(FAMILY_COLOURS.get(family or "other", FAMILY_COLOURS["other"])[0], MARKERS[0])
+    """The look of a family as a whole: grey, with the family's shape."""
+    return Style("#555555", FAMILY_MARKERS.get(family or "other", FAMILY_MARKERS["other"])[0])
 
 
 def spans_decades(values) -> bool:
