@@ -101,8 +101,10 @@ def _scatter_figure(results, quality, metric, lower_better, show_runtime, notes)
         scatter(axes["runtime"], timed, "runtime", lower_better, unlabelled, [])
         axes["runtime"].set_title(f"{letters['runtime']} against inference time", fontsize=9)
         axes["runtime"].set_ylim(axes["acc"].get_ylim())
-    glyph = f"the {len(members)} results at {crowd:.2f}%, ranked in {letters['crowd']}"
-    _key(fig, grid, list(unlabelled.values()), notes, glyph if members else None)
+    glyph = None
+    if members:
+        glyph = f"the {len(members)} results at {crowd:.2f}%, ranked in {letters['crowd']}"
+    _key(fig, grid, list(unlabelled.values()), notes, glyph)
     fig.suptitle(
         f"OOD detection ({metric.upper()}) against ID accuracy"
         + (" and inference time" if show_runtime else ""),
