@@ -140,6 +140,8 @@ def _legend_title(curves, total: int) -> str:
     """What the legend lists: the lowest AURCs, and MAP (dashed) as the baseline."""
     best = sum(not any(k[0] == "map" for k in keys) for keys, *_ in curves)
     among = any(any(k[0] == "map" for k in keys) for keys, *_ in curves[:SHOWN])
+    if best == len(curves):  # no MAP among the heads
+        return f"the {best} lowest AURCs by MP of {total} curves"
     if among:
         return f"the {len(curves)} lowest AURCs by MP of {total} curves (dashed: MAP, the baseline)"
     return f"the {best} lowest AURCs by MP of {total} curves, and MAP (dashed), the baseline"

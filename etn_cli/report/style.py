@@ -13,6 +13,7 @@ looks the same in the frontier, the risk–coverage curves and the reliability d
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import polars as pl
@@ -60,9 +61,7 @@ def method_styles(frame: pl.DataFrame) -> dict[str, Style]:
     styles: dict[str, Style] = {}
     labels = row_labels(frame)
     rank = {family: i for i, family in enumerate(FAMILY_MARKERS)}
-    ordered = sorted(
-        labels, key=lambda k: (rank.get(_family(k), 99), tuple(str(part) for part in k))
-    )
+    ordered = sorted(labels, key=lambda k: (rank.get(_family(k), 99), _natural(k)))
     members: dict[str, int] = {}
     for i, key in enumerate(ordered):
         family = _family(key)
@@ -72,6 +71,13 @@ def method_styles(frame: pl.DataFrame) -> dict[str, Style]:
         shapes += tuple(m for m in SPARE_MARKERS if m not in shapes)
         styles[labels[key]] = Style(COLOURS[i % len(COLOURS)], shapes[index // len(COLOURS)])
     return styles
+
+
+def _natural(key: tuple) -> list:
+    """Sort key of a method key whose numbers count as numbers: ``prior_mode=2`` before
+    ``prior_mode=10``."""
+    parts = re.split(r"(\d+)", "\0".join(str(part) for part in key))
+    return [(int(p), p) if i % 2 else (0, p) for i, p in enumerate(parts)]  # odd: digits
 
 
 def _family(key: tuple) -> str:
