@@ -79,8 +79,11 @@ def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
 
     rows = math.ceil(len(panels) / COLUMNS)
     cols = min(COLUMNS, len(panels))
-    width = max(2.4 * cols, 5.0)  # room for the legend under one or two panels
-    fig = plt.figure(figsize=(width, 2.5 * rows + 0.8 + 0.3 * (cols < 4)), layout="constrained")
+    panel = 2.4 if cols >= 4 else 3.1  # a few panels get room for their axis labels
+    width = max(panel * cols, 6.4)  # room for the legend under one or two panels
+    fig = plt.figure(
+        figsize=(width, (panel + 0.1) * rows + 0.8 + 0.3 * (cols < 4)), layout="constrained"
+    )
     grid = fig.add_gridspec(
         rows + 1, cols, height_ratios=[1.0] * rows + [0.18 if cols >= 4 else 0.34]
     )

@@ -24,6 +24,7 @@ from etn_cli.report.style import family_style, method_styles
 from etn_cli.report.tables import METHOD, row_labels, summarize
 
 SHOWN = 5
+NEAR = 0.12  # share of the axis width under which two reference names stack
 
 
 def curve_groups(summary: pl.DataFrame) -> list[tuple[list[tuple], float]]:
@@ -157,12 +158,17 @@ def _marker_every(coverage: np.ndarray, start: float, shift: float) -> list[int]
 
 
 def _reference_lines(ax, start: float) -> None:
-    """Dotted lines at the coverages of the tables' Risk@80/90/95 columns, named at the top."""
+    """Dotted lines at the coverages of the tables' Risk@80/90/95 columns, named at the top;
+    a name too near the one before it goes a line higher."""
+    row, last = 0, None
     for name, coverage in COVERAGES.items():
         if 100 * coverage <= start:
             continue
         ax.axvline(100 * coverage, color="#999999", linestyle=":", linewidth=0.8, zorder=0)
+        near = last is not None and (coverage - last) * 100 / (100 - start) < NEAR
+        row = 1 - row if near else 0
+        last = coverage
         ax.text(
-            100 * coverage, 1.01, f"Risk@{name.removeprefix('risk')}", ha="center", va="bottom",
-            fontsize=7, color="#555555", transform=ax.get_xaxis_transform(),
+            100 * coverage, 1.01 + 0.04 * row, f"Risk@{name.removeprefix('risk')}", ha="center",
+            va="bottom", fontsize=7, color="#555555", transform=ax.get_xaxis_transform(),
         )  # fmt: skip
