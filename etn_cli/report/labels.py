@@ -3,12 +3,16 @@
 Each label tries places around its point, nearest first (right, left, above, below, the four
 corners, then the same farther out); a place is taken when the label's box, measured by the
 renderer, stays inside the axes and clear of every obstacle (the drawn markers and interval
-bars, in display space) and of the labels placed before it. A label with no free place is
+bars, in display space) and of the labels placed before it, and lies nearer its own point than
+any other marker, so that it cannot be read as naming a neighbour; a label set farther out is
+joined to its point by a thin grey line. A label with no free place is
 not drawn; the caller names it in a legend instead.
 """
 
 from __future__ import annotations
 
+import numpy as np
+from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 LABEL_SIZE = 7.5
@@ -55,17 +59,21 @@ def place_labels(
     frame = ax.get_window_extent(renderer)
     taken = [marker_box(ax, x, y, size) for x, y, size in markers]
     taken += [segment_box(ax, start, end, PAD + pad) for start, end, pad in bars]
+    centres = ax.transData.transform([(x, y) for x, y, _ in markers]).reshape(-1, 2)
     unplaced = []
     for i, (x, y, text) in enumerate(points):
-        label = _first_free(ax, renderer, frame, taken, x, y, text)
+        label = _first_free(ax, renderer, frame, taken, centres, x, y, text)
         if label is None:
             unplaced.append(i)
         else:
-            taken.append(label.get_window_extent(renderer).padded(PAD))
+            taken.append(_text_box(label, renderer).padded(PAD))
     return unplaced
 
 
-def _first_free(ax, renderer, frame: Bbox, taken: list[Bbox], x: float, y: float, text: str):
+def _first_free(ax, renderer, frame, taken, centres, x: float, y: float, text: str):
+    """The first place around ``(x, y)`` where the label overlaps nothing in ``taken`` and
+    lies nearer its own point than any other marker's centre (so it names no neighbour)."""
+    own = ax.transData.transform((x, y))
     for step in STEPS:
         for dx, dy, ha, va in PLACES:
             label = ax.annotate(
@@ -74,10 +82,27 @@ def _first_free(ax, renderer, frame: Bbox, taken: list[Bbox], x: float, y: float
                 arrowprops={"arrowstyle": "-", "color": "#888888", "linewidth": 0.5,
                             "shrinkA": 0, "shrinkB": 4} if step > STEPS[0] else None,
             )  # fmt: skip
-            box = label.get_window_extent(renderer)
+            box = _text_box(label, renderer)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1
             inside = inside and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if inside and not any(box.overlaps(other) for other in taken):
-                return label
+            nearest = min((_distance(box, c) for c in centres if not np.allclose(c, own)),
+                          default=np.inf)  # fmt: skip
+            if inside and _distance(box, own) < nearest:
+                if not any(box.overlaps(other) for other in taken):
+                    return label
             label.remove()
     return None
+
+
+def _distance(box: Bbox, point) -> float:
+    """Pixels from ``point`` to the nearest edge of ``box`` (0 inside it)."""
+    dx = max(box.x0 - point[0], 0.0, point[0] - box.x1)
+    dy = max(box.y0 - point[1], 0.0, point[1] - box.y1)
+    return float(np.hypot(dx, dy))
+
+
+def _text_box(label, renderer) -> Bbox:
+    """The box of a label's text alone: an annotation's own extent takes in its leader line,
+    which runs to the very marker it names."""
+    label.update_positions(renderer)  # what Annotation.get_window_extent does first
+    return Text.get_window_extent(label, renderer)
