@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 
-from etn_cli.report.frontier import (
+from etn_cli.report.frontier_results import (
     SAME,
     Result,
     crowded_accuracy,
