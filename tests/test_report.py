@@ -206,7 +206,7 @@ def _frontier_rows(timings: dict[str, list[float]]) -> pl.DataFrame:
 
 
 def test_the_frontier_draws_each_distinct_result_once_with_the_headline_score():
-    from etn_cli.report.frontier import distinct_results
+    from etn_cli.report.frontier_results import distinct_results
 
     frame = _frontier_rows(dict.fromkeys(["ETN", "ETN + TS", "MAP", "KNN"], [1e-4]))
     results, ood_set = distinct_results(frame, summarize(frame), "aupr")
@@ -221,7 +221,7 @@ def test_the_frontier_draws_each_distinct_result_once_with_the_headline_score():
 
 
 def test_the_pareto_front_keeps_exactly_the_undominated_points():
-    from etn_cli.report.frontier import pareto_front
+    from etn_cli.report.frontier_results import pareto_front
 
     rng = np.random.default_rng(3)
     x, y = rng.integers(0, 6, 40).astype(float), rng.integers(0, 6, 40).astype(float)
@@ -241,7 +241,7 @@ def _drawn_axes(monkeypatch, frame, tmp_path) -> list:
         plots, "save_figure", lambda figure, folder, stem: figures.append(figure) or []
     )
     frontier_plot(frame, tmp_path, "aupr")
-    return [ax for ax in figures[0].axes if ax.get_visible()]
+    return [ax for ax in figures[0].axes if ax.get_visible() and ax.axison]  # not the key
 
 
 def test_the_runtime_panel_is_drawn_only_when_timings_are_told_apart(monkeypatch, tmp_path):

@@ -7,9 +7,10 @@ Each metrics row of a swept head carries its point in the ``sweep`` column (JSON
 ``{"prior_mode": 5}``). For every method and swept setting one figure is drawn with two panels:
 ID confidence estimation (accuracy, MP, UM) and OOD detection (MP, MI, DE on the ``<ID>-OOD``
 average, or on the single OOD set), each panel with its own y-range, so that curves a few
-points apart are not squeezed into a shared one. Numeric settings become lines (log x-axis when
-the values span more than a factor of 20); other values (``variant``) become points with error
-bars.
+points apart are not squeezed into a shared one. Numeric settings become lines (log x-axis where
+the values span decades, :func:`etn_cli.report.style.spans_decades`); other values
+(``variant``) become points with error bars. A score has one colour and marker in every panel
+(:data:`etn_cli.report.style.SCORE_STYLES`); the legend sits under the panels.
 """
 
 from __future__ import annotations
@@ -24,20 +25,13 @@ import numpy as np
 import polars as pl
 
 from etn_cli.errors import EtnError
+from etn_cli.report.style import SCORE_STYLES, spans_decades
 from etn_cli.report.tables import summarize
 from etn_cli.store.atomic import atomic_write_bytes
 
 PLOT_FORMATS = ("png", "pdf")
 ID_SERIES = (("acc", None, "ACC"), ("aupr", "mp", "MP"), ("aupr", "um", "UM"))
 OOD_SERIES = (("aupr", "mp", "MP"), ("aupr", "mi", "MI"), ("aupr", "de", "DE"))
-# A score keeps its colour and marker in every panel (Okabe & Ito's colour-blind-safe colours).
-SERIES_STYLES = {
-    "ACC": {"color": "#000000", "marker": "s"},
-    "MP": {"color": "#0072B2", "marker": "o"},
-    "UM": {"color": "#E69F00", "marker": "v"},
-    "MI": {"color": "#009E73", "marker": "^"},
-    "DE": {"color": "#D55E00", "marker": "D"},
-}
 
 
 def sweep_points(df: pl.DataFrame) -> pl.DataFrame:
@@ -131,7 +125,7 @@ def _figure(summary, method, setting, rest, members, metric):
             )
             if np.isnan(mean).all():
                 continue
-            style = SERIES_STYLES[name]
+            style = SCORE_STYLES[name]
             if numeric:
                 ax.plot(x, 100 * mean, label=name, **style)
                 ax.fill_between(
@@ -145,19 +139,29 @@ def _figure(summary, method, setting, rest, members, metric):
                 )  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel(setting)
-        if numeric and x.min() > 0 and x.max() / x.min() > 20:
+        if numeric and spans_decades(x):
             ax.set_xscale("log")
             ax.minorticks_off()  # the swept values label the axis, not powers of ten
         ax.set_xticks(x, [_tick(v) for v in values])
         if not numeric:
             ax.set_xlim(-0.5, len(values) - 0.5)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     axes[0].set_ylabel(f"{metric.upper()} (%), ACC (%)")
     axes[1].set_ylabel(f"{metric.upper()} (%)")
+    _series_legend(fig, axes)
     head = _common_label([label for _, label in members]) or method
     fig.suptitle(f"{head}: {metric.upper()} against {setting}" + (f" ({rest})" if rest else ""))
     return fig
+
+
+def _series_legend(fig, axes) -> None:
+    """One legend of every score drawn, under both panels (outside their data)."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(name, handle)
+    fig.legend(entries.values(), entries.keys(), loc="outside lower center",
+               ncols=len(entries), fontsize=8, frameon=False)  # fmt: skip
 
 
 def _tick(value: Any) -> str:

@@ -7,7 +7,8 @@ points above under-confident. Grey bars show where the predictions fall (the sha
 so a wild point from a bin of two predictions reads as such: marker area grows with the count,
 and a bin with fewer than :data:`SPARSE_BIN` predictions per seed is drawn hollow and left out
 of the line. Heads whose bins are identical (the post-hoc scorers keep the softmax's
-probabilities) share one panel, named in a footnote. Each panel names the head's ECE (mean
+probabilities) share one panel, named in a footnote, drawn in the first head's colour and
+marker as in every figure (:mod:`etn_cli.report.style`). Each panel names the head's ECE (mean
 over seeds, as the tables show it) and carries its own tick labels. Drawn from the
 ``bin_*`` rows of the metrics files (:mod:`etn_cli.metrics.reliability`) into
 ``reliability.png`` and ``reliability.pdf``.
@@ -24,9 +25,10 @@ import polars as pl
 
 from etn_cli.metrics.evaluation import ECE_BINS
 from etn_cli.metrics.reliability import RELIABILITY_METRICS, bin_name
+from etn_cli.report.style import Style, method_styles
 from etn_cli.report.tables import row_labels
 
-ACCURACY_COLOUR, SHARE_COLOUR = "#0072B2", "#BBBBBB"  # Okabe & Ito blue; grey
+SHARE_COLOUR, KEY_COLOUR = "#BBBBBB", "#555555"  # the bars; the legend's stand-in for a method
 COLUMNS = 5
 SPARSE_BIN = 10  # bins with fewer predictions per seed are drawn hollow and left unjoined
 
@@ -69,6 +71,7 @@ def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
         return []
     panels = shared_panels([label for label in _ordered_labels(df) if label in bins], bins)
     ece, seeds = _mean_ece(df), _seed_counts(df)
+    styles = _styles_by_label(df)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,8 +79,11 @@ def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
 
     rows = math.ceil(len(panels) / COLUMNS)
     cols = min(COLUMNS, len(panels))
-    width = max(2.4 * cols, 5.0)  # room for the legend under one or two panels
-    fig = plt.figure(figsize=(width, 2.5 * rows + 0.8 + 0.3 * (cols < 4)), layout="constrained")
+    panel = 2.4 if cols >= 4 else 3.1  # a few panels get room for their axis labels
+    width = max(panel * cols, 6.4)  # room for the legend under one or two panels
+    fig = plt.figure(
+        figsize=(width, (panel + 0.1) * rows + 0.8 + 0.3 * (cols < 4)), layout="constrained"
+    )
     grid = fig.add_gridspec(
         rows + 1, cols, height_ratios=[1.0] * rows + [0.18 if cols >= 4 else 0.34]
     )
@@ -90,7 +96,7 @@ def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
             mark = "*" * (len(footnotes) + 1)
             title += f"\n+ {len(labels) - 1} with the same probabilities{mark}"
             footnotes.append(f"{mark} {first}'s panel also stands for {', '.join(labels[1:])}.")
-        _panel(ax, title, *bins[first], ece.get(first), seeds.get(first, 1))
+        _panel(ax, title, *bins[first], ece.get(first), seeds.get(first, 1), styles[first])
         if i + cols >= len(panels):  # the lowest panel of its column
             ax.set_xlabel("confidence (max probability)", fontsize=8)
         if i % cols == 0:
@@ -116,12 +122,16 @@ def _legend_handles() -> list:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    dot = {"linestyle": "none", "marker": "o", "markersize": 6, "color": ACCURACY_COLOUR}
+    dot = {"linestyle": "none", "marker": "o", "markersize": 6, "color": KEY_COLOUR}
     return [
         Line2D([], [], linestyle="--", color="#555555", label="perfect"),
         Line2D(
-            [], [], linewidth=1.2, label="accuracy at mean confidence", **dot | {"linestyle": "-"}
-        ),
+            [],
+            [],
+            linewidth=1.2,
+            **dot | {"linestyle": "-"},
+            label="accuracy at mean confidence (the method's colour and marker)",
+        ),  # fmt: skip
         Line2D([], [], markerfacecolor="white", label=f"bin with < {SPARSE_BIN} per seed", **dot),
         Patch(color=SHARE_COLOUR, label="share of predictions"),
     ]
@@ -138,11 +148,11 @@ def shared_panels(labels: list[str], bins: dict[str, tuple]) -> list[list[str]]:
     return list(groups.values())
 
 
-def _panel(ax, title, n, confidence, accuracy, ece, seeds) -> None:
-    """Grey bars: the share of predictions per bin; blue: accuracy at each bin's mean
-    confidence (marker area grows with the bin's count), the line joining only bins with at
-    least :data:`SPARSE_BIN` predictions per seed, sparser bins hollow; dashed: perfect
-    calibration."""
+def _panel(ax, title, n, confidence, accuracy, ece, seeds, style) -> None:
+    """Grey bars: the share of predictions per bin; in the method's colour and marker:
+    accuracy at each bin's mean confidence (marker area grows with the bin's count), the line
+    joining only bins with at least :data:`SPARSE_BIN` predictions per seed, sparser bins
+    hollow; dashed: perfect calibration."""
     edges = np.linspace(0, 1, ECE_BINS + 1)
     filled = n > 0
     dense = n / seeds >= SPARSE_BIN  # (B,)
@@ -153,14 +163,17 @@ def _panel(ax, title, n, confidence, accuracy, ece, seeds) -> None:
     )  # fmt: skip
     ax.plot([0, 1], [0, 1], linestyle="--", color="#555555", linewidth=1)
     ax.plot(
-        confidence[dense], accuracy[dense], color=ACCURACY_COLOUR, linewidth=1.2,
+        confidence[dense], accuracy[dense], color=style.color, linewidth=1.2,
         zorder=3,
     )  # fmt: skip
     sizes = 8 + 60 * np.sqrt(n / n.max())
-    ax.scatter(confidence[dense], accuracy[dense], s=sizes[dense], color=ACCURACY_COLOUR, zorder=4)
+    ax.scatter(
+        confidence[dense], accuracy[dense], s=sizes[dense], color=style.color,
+        marker=style.marker, zorder=4,
+    )  # fmt: skip
     ax.scatter(
         confidence[sparse], accuracy[sparse], s=sizes[sparse], facecolors="white",
-        edgecolors=ACCURACY_COLOUR, linewidths=1, zorder=4,
+        edgecolors=style.color, marker=style.marker, linewidths=1, zorder=4,
     )  # fmt: skip
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
@@ -168,6 +181,12 @@ def _panel(ax, title, n, confidence, accuracy, ece, seeds) -> None:
     ax.set_title(title + ("" if ece is None else f"\nECE {100 * ece:.1f}%"), fontsize=8)
     ax.tick_params(labelsize=7, labelbottom=True, labelleft=True)  # every panel reads alone
     ax.grid(alpha=0.25)
+
+
+def _styles_by_label(df: pl.DataFrame) -> dict[str, Style]:
+    """Per ``method_label`` (as the bins are pooled), the method's style in every figure."""
+    styles = method_styles(df)
+    return {key[1]: styles[label] for key, label in row_labels(df).items()}
 
 
 def _ordered_labels(df: pl.DataFrame) -> list[str]:

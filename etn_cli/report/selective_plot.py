@@ -5,8 +5,10 @@ Each method abstains on its least confident ID test predictions by max probabili
 softmax response); the curve is the error rate of the accepted predictions against the share
 accepted, the mean over seeds at every coverage, and its area is the table's AURC. Shown: the
 :data:`SHOWN` methods with the lowest AURC and MAP, the backbone's own softmax, as the
-baseline; methods with the same curve (the post-hoc scorers keep MAP's probabilities) are one
-line, named together. Dotted lines mark the 80/90/95% coverages of the Risk@ columns.
+baseline (dashed); methods with the same curve (the post-hoc scorers keep MAP's probabilities)
+are one line, named together in the legend under the axes. Each line has its method's colour
+and marker (:mod:`etn_cli.report.style`); dotted lines, named at the top, mark the coverages
+of the tables' Risk@80, Risk@90 and Risk@95 columns.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import numpy as np
 import polars as pl
 
 from etn_cli.metrics.selective import COVERAGES, risk_coverage_curve
+from etn_cli.report.style import family_style, method_styles
 from etn_cli.report.tables import METHOD, row_labels, summarize
 
 SHOWN = 5
-LINE_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000")
+NEAR = 0.12  # share of the axis width under which two reference names stack
 
 
 def curve_groups(summary: pl.DataFrame) -> list[tuple[list[tuple], float]]:
@@ -65,42 +68,107 @@ def risk_coverage_plot(df: pl.DataFrame, predictions: dict[str, Path], folder: P
     if not groups or not predictions:
         return []
     chosen = groups[:SHOWN] + [g for g in groups[SHOWN:] if any(k[0] == "map" for k in g[0])]
-    files = df.select(*METHOD, "metrics_key").unique()
-    labels = row_labels(summary)
+    curves = []
+    for keys, aurc in chosen:
+        paths = _prediction_paths(df, keys[0], predictions)
+        if paths:
+            curves.append((keys, aurc, *mean_curve(paths)))
+    if not curves:
+        return []
+    figure = _figure(curves, row_labels(summary), method_styles(df), len(groups))
+    return save_figure(figure, folder, "risk-coverage")
+
+
+def _prediction_paths(df: pl.DataFrame, key: tuple, predictions: dict[str, Path]) -> list[Path]:
+    """The predictions files of the method ``key``, one per seed."""
+    mine = df.filter(
+        pl.all_horizontal(pl.col(c).eq_missing(v) for c, v in zip(METHOD, key, strict=True))
+    )
+    found = [predictions.get(k) for k in mine["metrics_key"].unique(maintain_order=True)]
+    return [path for path in found if path is not None and path.is_file()]
+
+
+def curve_name(names: list[str], families: list[str | None], aurc: float) -> str:
+    """A legend entry: the first method sharing the curve, how many more (post-hoc scorers
+    named as such), and the curve's AURC."""
+    name = names[0]
+    if len(names) == 2:
+        name += f", {names[1]}"
+    elif len(names) > 2:
+        rest = "post-hoc scorers" if set(families[1:]) == {"posthoc"} else "more"
+        name += f" + {len(names) - 1} {rest}"
+    return f"{textwrap.shorten(name, 44, placeholder=' …')} (AURC {1000 * aurc:.1f}‰)"
+
+
+def _figure(curves, labels: dict, styles: dict, total: int):
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8.5, 4.4), layout="constrained")
-    first_error = 1.0  # the lowest coverage at which any drawn curve has an error
-    for i, (keys, aurc) in enumerate(chosen):
-        mine = files.filter(
-            pl.all_horizontal(pl.col(c).eq_missing(v) for c, v in zip(METHOD, keys[0], strict=True))
-        )
-        found = [predictions.get(k) for k in mine["metrics_key"].to_list()]
-        paths = [path for path in found if path is not None and path.is_file()]
-        if not paths:
-            continue
-        coverage, risk = mean_curve(paths)
-        first_error = min(first_error, coverage[np.argmax(risk > 0)] if risk.any() else 1.0)
-        names = ", ".join(labels[k] for k in keys)
-        label = textwrap.fill(f"{names} (AURC {1000 * aurc:.1f}‰)", 48)
-        style = "--" if keys[0][0] == "map" else "-"
-        colour = LINE_COLOURS[i % len(LINE_COLOURS)]
-        ax.plot(100 * coverage, 100 * risk, color=colour, linewidth=1.4, label=label, ls=style)
-    for coverage in COVERAGES.values():
-        ax.axvline(100 * coverage, color="#999999", linestyle=":", linewidth=0.8)
-    start = max(0.0, 10 * np.floor((100 * first_error - 5) / 10))  # the curves are flat before
+    fig, ax = plt.subplots(figsize=(6.4, 5.2), layout="constrained")
+    # the lowest coverage at which any drawn curve has an error; the curves are flat before
+    first_error = min(cov[np.argmax(risk > 0)] if risk.any() else 1.0 for *_, cov, risk in curves)
+    start = max(0.0, 10 * np.floor((100 * first_error - 5) / 10))
+    for i, (keys, aurc, coverage, risk) in enumerate(curves):
+        names = [labels[k] for k in keys]
+        style = styles.get(names[0], family_style(keys[0][3]))
+        baseline = any(k[0] == "map" for k in keys)
+        ax.plot(
+            100 * coverage, 100 * risk, linewidth=1.4, linestyle="--" if baseline else "-",
+            markevery=_marker_every(coverage, start, i / len(curves)), markersize=5.5,
+            markeredgecolor="white", markeredgewidth=0.5,
+            label=curve_name(names, [k[3] for k in keys], aurc), **style.marker_kwargs(),
+        )  # fmt: skip
+    _reference_lines(ax, start)
     ax.set_xlim(start, 100)
     ax.set_ylim(bottom=0)
-    xlabel = "coverage: share of ID test predictions accepted (%), most confident first"
+    xlabel = "coverage: share of ID test predictions accepted, most confident first (%)"
     if start > 0:
-        xlabel += f"\n(no curve has an error below {start:.0f}% coverage)"
+        xlabel += f"\n(every curve is at 0 below {start:.0f}%)"
     ax.set_xlabel(xlabel)
     ax.set_ylabel("selective risk: error rate of the accepted (%)")
     ax.grid(alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize=8, frameon=False,
-               title=f"lowest AURC by MP (of {len(groups)} curves)", title_fontsize=8)  # fmt: skip
-    ax.set_title("Risk–coverage by max probability, mean over seeds (lower is better)")
-    return save_figure(fig, folder, "risk-coverage")
+    fig.legend(
+        loc="outside lower center", ncols=2, fontsize=7.5, frameon=False, title_fontsize=8,
+        title=_legend_title(curves, total),
+    )  # fmt: skip
+    fig.suptitle("Risk–coverage by max probability, mean over seeds (lower is better)", fontsize=10)
+    return fig
+
+
+def _legend_title(curves, total: int) -> str:
+    """What the legend lists: the lowest AURCs, and MAP (dashed) as the baseline."""
+    best = sum(not any(k[0] == "map" for k in keys) for keys, *_ in curves)
+    among = any(any(k[0] == "map" for k in keys) for keys, *_ in curves[:SHOWN])
+    if best == len(curves):  # no MAP among the heads
+        return f"the {best} lowest AURCs by MP of {total} curves"
+    if among:
+        return f"the {len(curves)} lowest AURCs by MP of {total} curves (dashed: MAP, the baseline)"
+    return f"the {best} lowest AURCs by MP of {total} curves, and MAP (dashed), the baseline"
+
+
+def _marker_every(coverage: np.ndarray, start: float, shift: float) -> list[int]:
+    """Indices of the points that carry a curve's marker: eight across the shown coverages,
+    each curve's ``shift`` (0..1) of a step along, so that flat curves' markers do not land on
+    one another."""
+    step = (100 - start) / 8
+    wanted = start + step * (np.arange(8) + shift)
+    return [int(np.argmin(np.abs(100 * coverage - c))) for c in wanted]
+
+
+def _reference_lines(ax, start: float) -> None:
+    """Dotted lines at the coverages of the tables' Risk@80/90/95 columns, named at the top;
+    a name too near the one before it goes a line higher."""
+    row, last = 0, None
+    for name, coverage in COVERAGES.items():
+        if 100 * coverage <= start:
+            continue
+        ax.axvline(100 * coverage, color="#999999", linestyle=":", linewidth=0.8, zorder=0)
+        near = last is not None and (coverage - last) * 100 / (100 - start) < NEAR
+        row = 1 - row if near else 0
+        last = coverage
+        ax.text(
+            100 * coverage, 1.01 + 0.04 * row, f"Risk@{name.removeprefix('risk')}", ha="center",
+            va="bottom", fontsize=7, color="#555555", transform=ax.get_xaxis_transform(),
+        )  # fmt: skip

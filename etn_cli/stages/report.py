@@ -46,8 +46,9 @@ from etn_cli.store.fingerprint import fingerprint_key
 # swept values as ticks; 6: reliability diagrams; 7: distinct marker shapes, methods sharing
 # an accuracy spread sideways; 8: one marker per distinct result, Pareto-front labels, runtime
 # only when distinguishable, reliability panels per distinct probabilities, own y-range per sweep,
-# risk-coverage curves
-PLOTS_VERSION = 8
+# risk-coverage curves; 9: one style per method in every figure, a crowded accuracy ranked in
+# its own panel, labels that overlap nothing, legends and reference lines explained outside
+PLOTS_VERSION = 9
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 RISK_COVERAGE = "risk-coverage"  # likewise
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}

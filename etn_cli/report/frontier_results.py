@@ -1,0 +1,131 @@
+"""The frontier's data (:mod:`etn_cli.report.frontier` says what the figure shows): the
+distinct results of the methods, their runtimes, the Pareto front and a crowded accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from etn_cli.report.style import Style, family_style
+from etn_cli.report.tables import METHOD, row_labels
+
+SAME = 6  # decimals (in %) at which two results count as one
+CROWDED = 4  # results at one accuracy drawn as one glyph in (a) and ranked in (b)
+
+
+@dataclass
+class Result:
+    """One distinct result: the methods that share it, its accuracy, quality and runtime."""
+
+    names: list[str]
+    family: str
+    acc: float  # %
+    quality: float  # %
+    ci: float  # half-width of the 95% interval over seeds, %
+    runtime: tuple[float, float, float] | None = None  # median, fastest, slowest (ms)
+    style: Style | None = None  # its first method's (etn_cli.report.style)
+
+    @property
+    def label(self) -> str:
+        return ", ".join(self.names)
+
+    @property
+    def look(self) -> Style:
+        return self.style or family_style(self.family)
+
+
+def crowded_accuracy(results: list[Result]) -> float | None:
+    """The accuracy most results share when at least :data:`CROWDED` do, else None."""
+    counts: dict[float, int] = {}
+    for result in results:
+        counts[round(result.acc, SAME)] = counts.get(round(result.acc, SAME), 0) + 1
+    acc, count = max(counts.items(), key=lambda item: item[1])
+    return acc if count >= CROWDED else None
+
+
+def distinct_results(
+    df: pl.DataFrame, summary: pl.DataFrame, metric: str
+) -> tuple[list[Result], str]:
+    """The distinct (accuracy, quality) results of the methods, in table order, and the OOD
+    eval set they are measured on (``<id>-OOD``, or the single OOD set)."""
+    from etn_cli.report.views import own_scores
+
+    ood = summary.filter(pl.col("task") == "ood")
+    if ood.is_empty():
+        return [], ""
+    id_dataset = summary["id_dataset"][0]
+    sets = ood["eval_set"].unique().to_list()
+    ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in sets else sorted(sets)[0]
+    own = own_scores(summary)
+    cells = {
+        (tuple(r[c] for c in METHOD), r["metric"], r["score"]): r
+        for r in summary.filter(
+            ((pl.col("eval_set") == ood_set) & (pl.col("metric") == metric))
+            | ((pl.col("task") == "id") & (pl.col("metric") == "acc"))
+        ).iter_rows(named=True)
+    }
+    times = runtime_ranges(df)
+    groups: dict[tuple, Result] = {}
+    for key, name in row_labels(summary).items():
+        acc = cells.get((key, "acc", None))
+        quality = cells.get((key, metric, own.get(key, "mp")))
+        if acc is None or quality is None or acc["mean"] is None or quality["mean"] is None:
+            continue
+        point = (round(100 * acc["mean"], SAME), round(100 * quality["mean"], SAME))
+        if point in groups:
+            groups[point].names.append(name)
+            continue
+        family = key[3] or "other"
+        ci = 100 * (quality["ci95"] or 0.0)
+        groups[point] = Result([name], family, *point, ci, times.get(key))
+    return list(groups.values()), ood_set
+
+
+def runtime_ranges(df: pl.DataFrame) -> dict[tuple, tuple[float, float, float]]:
+    """Per method key: the median, fastest and slowest time per sample in ms over every timed
+    repeat and seed (backbone passes times the backbone's forward time, plus the head's)."""
+    if "inference_s_per_sample" not in df.columns:
+        return {}
+    repeats = (
+        pl.col("inference_s_repeats")
+        if "inference_s_repeats" in df.columns
+        else pl.concat_list(pl.col("inference_s_per_sample"))
+    )
+    backbone = pl.lit(0.0)
+    if {"backbone_passes", "backbone_s_per_sample"} <= set(df.columns):
+        backbone = pl.col("backbone_passes").fill_null(1) * pl.col(
+            "backbone_s_per_sample"
+        ).fill_null(0.0)
+    per_seed = df.group_by([*METHOD, "seed"]).agg(
+        repeats.first().alias("head"), backbone.first().alias("backbone")
+    )
+    out: dict[tuple, list[float]] = {}
+    for row in per_seed.iter_rows(named=True):
+        values = [1000 * (s + row["backbone"]) for s in (row["head"] or []) if s is not None]
+        out.setdefault(tuple(row[c] for c in METHOD), []).extend(values)
+    return {
+        key: (float(np.median(v)), min(v), max(v)) for key, v in out.items() if v and min(v) > 0
+    }
+
+
+def runtimes_differ(results: list[Result]) -> bool:
+    """Whether some two results' timing ranges (fastest..slowest) do not overlap."""
+    if len(results) < 2:
+        return False
+    slowest_fast = max(r.runtime[1] for r in results)  # type: ignore[index]
+    fastest_slow = min(r.runtime[2] for r in results)  # type: ignore[index]
+    return slowest_fast > fastest_slow
+
+
+def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point dominates (higher is better on both axes): no
+    ``j`` with ``x_j >= x_i`` and ``y_j >= y_i``, one of them strictly."""
+    front = []
+    for i in range(len(x)):
+        dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
+        if not dominated.any():
+            front.append(i)
+    return np.asarray(front, dtype=np.int64)
