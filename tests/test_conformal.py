@@ -193,3 +193,57 @@ def test_own_features_calibrate_on_a_folder_or_the_test_split_never_the_fitted_r
     (tmp_path / "own.toml").write_text(base)  # the default: part of the adaptation folder
     with pytest.raises(EtnError, match="no head was fitted on; with \\[features\\], write split"):
         make_plan(load_pipeline(tmp_path / "own.toml"), tmp_path / "data")
+
+
+def _own_pipeline(tmp_path, split: str) -> object:
+    rng = np.random.default_rng(0)
+    for name in ("adapt", "test"):
+        if not (tmp_path / name).exists():
+            _shards(tmp_path / name, rng, 40)
+    (tmp_path / "own.toml").write_text(
+        '[features]\nadapt = "adapt"\ntest = "test"\n[[heads]]\nname = "map"\n'
+        f'[conformal]\nsplit = "{split}"\n'
+    )
+    return tmp_path / "own.toml"
+
+
+@pytest.mark.parametrize("labels", ["missing", -1, 99])
+def test_calibration_rows_without_labels_or_outside_the_classes_are_refused_before_work(
+    tmp_path, labels
+):
+    rng = np.random.default_rng(1)
+    n, hidden = 30, rng.normal(size=(30, 8)).astype(np.float32)
+    arrays = {"hidden": hidden, "logits": hidden[:, :3] * 2}
+    if labels != "missing":  # -1: a row without a label; 99: no class of the 3
+        arrays["labels"] = np.r_[rng.integers(0, 3, n - 1), labels].astype(np.int64)
+    np.savez(tmp_path / "calib.npz", **arrays)
+    code, output = etn("run", _own_pipeline(tmp_path, "calib.npz"), "-d", tmp_path / "d", "-q")
+    assert code == 2 and len(output.strip().splitlines()) == 1, output
+    assert ("labels" in output) and ("calib" in output)
+    assert not list((tmp_path / "d").rglob("train.json"))  # no head was fitted
+
+
+def test_calibration_folder_of_unlabelled_rows_is_refused_in_one_line(tmp_path):
+    import h5py
+
+    pipeline = _own_pipeline(tmp_path, "calib")
+    _shards(tmp_path / "calib", np.random.default_rng(2), 30)
+    with h5py.File(tmp_path / "calib" / "shard-00000.h5", "r+") as f:
+        f["labels"][...] = -1  # what an unlabelled OOD or image `ood` folder holds
+    code, output = etn("run", pipeline, "-d", tmp_path / "d", "-q")
+    assert code == 2 and len(output.strip().splitlines()) == 1, output
+    assert "conformal calibration set" in output and "has no labels" in output
+
+
+def test_the_test_split_itself_as_the_calibration_split_is_refused(tmp_path):
+    from etn_cli.errors import EtnError
+
+    with pytest.raises(EtnError, match=r"split './test' is the \[features\] test split") as err:
+        etn("run", _own_pipeline(tmp_path, "./test"), "-d", tmp_path / "d", "-q")
+    assert "\n" not in str(err.value)
+
+
+def test_the_unchecked_score_of_a_missing_label_would_rank_it_first():
+    # why calibration labels are checked: argmax of an all-False row is 0, the top class
+    probs = np.array([[0.1, 0.7, 0.2]])
+    assert label_scores(probs, np.array([-1]), "lac", np.zeros(1), 0.0, 0) == pytest.approx(0.3)

@@ -22,6 +22,7 @@ from etn_cli.metrics.conformal import (
 )
 from etn_cli.metrics.evaluation import MetricValue
 from etn_cli.planning.pipeline import ConformalSpec
+from etn_cli.store.reading.consistency import CALIBRATION, SplitInfo, check_labels
 
 
 @dataclass
@@ -81,6 +82,9 @@ def calibrate(plan: Any, head: Any, read: Any, device: str) -> Calibrated:
         features.hidden[keep], features.logits[keep], layers=layers, device=device
     )
     rows, labels = features.index[keep], features.labels[keep]
+    where = plan.calibration.path if plan.calibration is not None else plan.test.path
+    classes = predicted.probs.shape[1]
+    check_labels(SplitInfo(CALIBRATION, where, len(labels), -1, classes, None, []), labels, False)
     model = Calibrated(spec, float("inf"), len(labels))
     u = model.draws(rows, name)
     scores = label_scores(predicted.probs, labels, spec.method, u, spec.penalty, spec.k_reg)

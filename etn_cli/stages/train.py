@@ -47,8 +47,10 @@ def head_damage(path: Path) -> str | None:
 
 
 def check_plan_features(plan: Plan) -> None:
-    """The adaptation, test and OOD splits fit together (one backbone, labels in range, ...)."""
-    check_splits(plan.adapt.path, plan.test.path, {u.name: u.path for u in plan.ood})
+    """The adaptation, test, OOD and calibration splits fit together (one backbone, labels in
+    range, ...)."""
+    calibration = plan.calibration.path if plan.calibration is not None else None
+    check_splits(plan.adapt.path, plan.test.path, {u.name: u.path for u in plan.ood}, calibration)
 
 
 def train(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageResult:
