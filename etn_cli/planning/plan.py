@@ -129,6 +129,7 @@ def _check_names(pipeline: Pipeline) -> None:
         except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
             message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
             raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+    _check_odin_temperature(pipeline)
     if pipeline.backbone is not None:
         from etn_cli.backbones import backbones
 
@@ -151,6 +152,24 @@ def _check_names(pipeline: Pipeline) -> None:
             checked_source(pipeline, data.id, pipeline.finetune.split, " [finetune]")
         if data.fit is not None:
             checked_source(pipeline, data.id, data.fit, " [data] fit")
+
+
+def _check_odin_temperature(pipeline: Pipeline) -> None:
+    """With ``[backbone] odin = true`` extract stores ODIN's logits already divided by the
+    backbone's ``odin_temperature`` (the perturbation depends on it too), so an ODIN head's own
+    ``temperature`` would be ignored: each value a new head key with identical results."""
+    options = pipeline.backbone_options
+    if options.get("odin") is not True:
+        return
+    fixed = float(options.get("odin_temperature", 1000.0))
+    for spec in pipeline.heads:
+        value = spec.settings.get("temperature")
+        if spec.name == "odin" and value is not None and float(value) != fixed:
+            raise EtnError(
+                f"{pipeline.path} [[heads]] 'odin' key 'temperature' = {value} would be ignored: "
+                f"[backbone] odin = true stores logits at odin_temperature = {fixed}. Set "
+                "odin_temperature in [backbone] and drop the head's temperature."
+            )
 
 
 def _check_apart(pipeline: Pipeline) -> None:
