@@ -29,6 +29,7 @@ from etn_cli.metrics.evaluation import (
 )
 from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
+from etn_cli.own_features.folders import remember_plan_folders
 from etn_cli.planning.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.conformal_sets import (
@@ -60,6 +61,7 @@ def evaluate(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
 
     def before(todo: list[MetricsFile]) -> None:
         check_plan_features(plan)
+        remember_plan_folders(plan)  # a folder first read here is recorded as train records it
         for unit in todo:  # every checkpoint, before any write
             heads[unit.unit.key] = load_head(unit.unit)
         for split in (plan.test, *plan.ood):  # damaged shards are found before any lock
