@@ -223,6 +223,7 @@ class Pipeline:
         return f" For the example as shipped, `python {shown}` writes stand-ins of these files."
 
 
+NAME_LIMIT = 200
 TOP_LEVEL = (
     "name",
     "description",
@@ -384,6 +385,11 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
         raise EtnError(
             f"{path}: name must be letters, digits, '-' or '_' (it names folders in the data "
             f'directory), got {name!r}. Rename it, e.g. name = "digits".'
+        )
+    if len(name) > NAME_LIMIT:  # folders get "+<8 hex>" and ".lock": 255 bytes is the limit
+        raise EtnError(
+            f"{path}: name is {len(name)} characters long; expected at most {NAME_LIMIT} (it "
+            'names folders in the data directory). Set a shorter name = "..." in the file.'
         )
     if ("features" in raw) == ("backbone" in raw or "data" in raw):
         raise EtnError(

@@ -1,0 +1,33 @@
+"""Results at every edge (issue 40): inputs at the limits of what a command can do are one
+line and exit 2 before any work, never a traceback or a silently wrong figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_bad_inputs import byof_pipeline, etn
+
+
+def test_compare_when_the_compared_method_is_the_only_one_is_one_line(tmp_path, capsys) -> None:
+    pipeline, data = byof_pipeline(tmp_path), tmp_path / "data"
+    assert etn(capsys, "run", pipeline, "-d", data, "--only", "map")[0] == 0
+    code, err = etn(capsys, "report", pipeline, "-d", data, "--only", "map", "--compare", "map")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--compare needs two methods or more" in err and "'MAP' only" in err
+
+
+@pytest.mark.parametrize("replicates", ["1000000000000", "100001"])
+def test_a_bootstrap_beyond_what_fits_in_memory_is_one_line(tmp_path, capsys, replicates) -> None:
+    pipeline = byof_pipeline(tmp_path)
+    code, err = etn(capsys, "report", pipeline, "--compare", "map", "--bootstrap", replicates)
+    assert code == 2 and err.count("\n") == 1 and "--bootstrap" in err, err
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_pipeline_name_too_long_for_a_folder_is_one_line(tmp_path: Path, capsys) -> None:
+    long = byof_pipeline(tmp_path).rename(tmp_path / f"{'p' * 250}.toml")
+    long.write_text(long.read_text().replace('name = "byof"\n', ""))  # named by its stem
+    code, err = etn(capsys, "run", long, "-d", tmp_path / "data", "--set", "heads.map.seed=1")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "name is 250 characters long; expected at most 200" in err
