@@ -176,6 +176,8 @@ class ConformalSpec:
     k_reg: int = 5  # RAPS: ranks up to k_reg are not penalised
     randomized: bool = True  # APS and RAPS: u ~ U[0, 1] per row (exact coverage)
     seed: int = 0  # the held-out rows and the uniform draws
+    # the RAPS authors' name (and lightning-uq-box's): false puts the top class in every set
+    allow_zero_sets: bool = True
 
 
 @dataclass(frozen=True)

@@ -373,7 +373,10 @@ def _metrics_unit(plan: Plan, unit: HeadUnit) -> MetricsUnit:
     } | ({"groups": plan.groups} if plan.groups else {})
     if plan.pipeline.conformal is not None:  # the sets change with their settings and rows
         calibration = plan.calibration.key if plan.calibration else "test"
-        fp["conformal"] = config_dict(plan.pipeline.conformal) | {"calibration": calibration}
+        conformal = config_dict(plan.pipeline.conformal)
+        if conformal["allow_zero_sets"]:  # the default: earlier metrics keep their keys
+            del conformal["allow_zero_sets"]
+        fp["conformal"] = conformal | {"calibration": calibration}
     key = fingerprint_key(fp)
     path = plan.data_dir / "metrics" / plan.pipeline.name / f"{unit.head.name}-{key}.parquet"
     return MetricsUnit(unit, path, key)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from etn_cli import progress
 from etn_cli.datasets.base import held_out
 from etn_cli.metrics.conformal import (
     label_scores,
@@ -44,7 +45,9 @@ class Calibrated:
         eval set ``name``."""
         spec = self.spec
         u = self.draws(rows, name)
-        return prediction_sets(probs, self.q, spec.method, u, spec.penalty, spec.k_reg)
+        return prediction_sets(
+            probs, self.q, spec.method, u, spec.penalty, spec.k_reg, spec.allow_zero_sets
+        )
 
     def note(self) -> str | None:
         if np.isfinite(self.q):
@@ -89,6 +92,8 @@ def calibrate(plan: Any, head: Any, read: Any, device: str) -> Calibrated:
     u = model.draws(rows, name)
     scores = label_scores(predicted.probs, labels, spec.method, u, spec.penalty, spec.k_reg)
     model.q = threshold(scores, spec.alpha)
+    if (note := model.note()) is not None:  # degenerate sets: said, not only footnoted
+        progress.say(f"warning: {head.display_label} conformal sets calibrated on {name}: {note}")
     return model
 
 
