@@ -31,3 +31,22 @@ def test_a_pipeline_name_too_long_for_a_folder_is_one_line(tmp_path: Path, capsy
     code, err = etn(capsys, "run", long, "-d", tmp_path / "data", "--set", "heads.map.seed=1")
     assert code == 2 and err.count("\n") == 1, err
     assert "name is 250 characters long; expected at most 200" in err
+
+
+@pytest.mark.parametrize("folder", ["metrics/byof", "heads", "predictions/byof"])
+def test_predict_refuses_to_write_into_a_folder_etn_manages(tmp_path, capsys, folder) -> None:
+    from etn_cli.errors import EtnError
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
+    from etn_cli.stages.predict import predict
+
+    pipeline, data = byof_pipeline(tmp_path), tmp_path / "data"
+    assert etn(capsys, "run", pipeline, "-d", data, "--only", "map")[0] == 0
+    sealed = next((data / "metrics" / "byof").glob("*.parquet"))
+    before = sealed.read_bytes()
+    target = sealed if folder == "metrics/byof" else data / folder / "mine.parquet"
+    plan = make_plan(load_pipeline(pipeline), data)
+    with pytest.raises(EtnError, match="a folder etn manages in the data directory") as err:
+        predict(plan, str(tmp_path / "mine" / "test"), head="map", out=target)
+    assert "\n" not in str(err.value) and sealed.read_bytes() == before
+    assert not (data / "heads" / "mine.parquet").exists()
