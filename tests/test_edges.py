@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_bad_inputs import byof_pipeline, etn
 
@@ -50,3 +51,35 @@ def test_predict_refuses_to_write_into_a_folder_etn_manages(tmp_path, capsys, fo
         predict(plan, str(tmp_path / "mine" / "test"), head="map", out=target)
     assert "\n" not in str(err.value) and sealed.read_bytes() == before
     assert not (data / "heads" / "mine.parquet").exists()
+
+
+def test_every_head_s_aurc_is_the_aurc_of_the_confidence_it_stores(tmp_path, capsys) -> None:
+    import polars as pl
+
+    from etn_cli.metrics.selective import selective_values
+
+    rng = np.random.default_rng(0)  # a third of the labels wrong: errors to rank, a real T
+    noisy = {s: {"labels": np.where(rng.random(40) < 0.3, rng.integers(0, 3, 40), _labels(i))}
+             for i, s in enumerate(("adapt", "test"))}  # fmt: skip
+    pipeline, data = byof_pipeline(tmp_path, **noisy), tmp_path / "data"
+    pipeline.write_text(
+        pipeline.read_text()
+        + '[[heads]]\nname = "map"\nlabel = "MAP + TS"\ncalibrate = "temperature"\n'
+        + '[[heads]]\nname = "etn"\nlabel = "ETN + TS"\nepochs = 2\ncalibrate = "temperature"\n'
+    )
+    assert etn(capsys, "run", pipeline, "-d", data)[0] == 0
+    found = {}
+    for metrics in sorted((data / "metrics" / "byof").glob("*.parquet")):
+        frame = pl.read_parquet(metrics).filter(metric="aurc", score="mp", task="id")
+        rows = pl.read_parquet(data / "predictions" / "byof" / metrics.name).filter(task="id")
+        stored = selective_values(rows["confidence"].to_numpy(), rows["correct"].to_numpy())
+        found[frame["method_label"][0]] = (frame["value"][0], float(stored["aurc"][0]))
+    assert set(found) == {"ETN", "MAP", "MAP + TS", "ETN + TS"}
+    for label, (reported, recomputed) in found.items():
+        assert reported == pytest.approx(recomputed, rel=1e-12, abs=1e-15), label
+    assert np.isfinite([v for pair in found.values() for v in pair]).all()
+
+
+def _labels(seed: int) -> np.ndarray:
+    """The labels write_shard draws for ``seed`` (its hidden states follow them)."""
+    return np.random.default_rng(seed).integers(0, 3, 40)

@@ -37,8 +37,9 @@ from etn_cli.store.content import use_data_dir
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 5  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins;
-# 5: timing repeats, selective prediction, per-row predictions, conformal sets
+METRICS_VERSION = 6  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins;
+# 5: timing repeats, selective prediction, per-row predictions, conformal sets; 6: selective
+# prediction by the confidence shown (a calibrated head's MP after its temperature)
 SUBSAMPLE_SEED = 0  # fixes the rows that ``fit_rows`` keeps
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights

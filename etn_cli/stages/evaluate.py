@@ -134,7 +134,7 @@ def score_head(
         ("id", plan.id_dataset, m)
         for m in classification_metrics(id_pred.probs, test.labels, id_pred.predictions)
         + confidence_metrics(id_pred.scores, correct)
-        + selective_metrics(id_pred.scores, correct)
+        + selective_metrics(shown_scores(id_pred), correct)
         + reliability_bins(id_pred.probs.max(axis=1), correct)
     ]
     sets = calibrate(plan, head, read, device) if plan.pipeline.conformal else None
@@ -166,6 +166,16 @@ def score_head(
     }
     frame = metrics_frame(plan, unit, rows, meta, head)
     return frame, rows_frame(parts, row_provenance(frame))
+
+
+def shown_scores(prediction: Prediction) -> dict[str, np.ndarray]:
+    """The head's scores with ``mp`` the confidence a person is shown (the predictions file's
+    ``confidence``, ``etn predict``'s ``probability``): the largest probability, after the
+    temperature of a calibrated head. Selective prediction abstains by it; the OOD metrics keep
+    the head's own scores (:mod:`etn_cli.heads.calibration`)."""
+    if "mp" not in prediction.scores:
+        return prediction.scores
+    return prediction.scores | {"mp": np.asarray(prediction.probs, np.float64).max(axis=1)}
 
 
 def row_provenance(frame: pl.DataFrame) -> dict[str, Any]:
