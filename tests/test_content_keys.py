@@ -199,3 +199,19 @@ def test_a_folder_first_read_when_the_heads_exist_is_recorded_and_its_bit_rot_re
     rewrite_keeping_size_and_time(shard, b"\x3f\x80")
     code, err = etn(capsys, "run", pipeline, "-d", data)
     assert code == 2 and "changed without being written" in err and "near/shard" in err, err
+    for repair in ([], ["--repair"]):  # verify says so too, and never removes your folder
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main_verify(["verify", "-d", str(data), *repair])
+        out = capsys.readouterr().out
+        assert exit_.value.code == 1 and f"DAMAGED {shard.parent}" in out, out
+        assert shard.is_file()
+
+
+def main_verify(args: list[str]) -> None:
+    from unittest import mock
+
+    from etn_cli.cli.app import main
+
+    with mock.patch("sys.argv", ["etn", *args]):
+        main()

@@ -144,7 +144,7 @@ def verify(
 
     outcome = run_verify(data, clean_partials=clean_partials, repair=repair)
     typer.echo(outcome.render())
-    if outcome.damaged and not repair:
+    if outcome.left_damaged:
         raise typer.Exit(1)
 
 
