@@ -351,3 +351,12 @@ def test_odin_temperature_fixed_by_the_backbone_is_refused_in_one_line(tmp_path,
     assert "odin_temperature in [backbone]" in str(err.value) and "\n" not in str(err.value)
     pipeline.write_text(pipeline.read_text().replace("odin = true\n", ""))  # the fallback uses T
     assert len(make_plan(load_pipeline(pipeline), tmp_path / "data").heads) >= 1
+
+
+def test_odin_refuses_its_own_temperature_on_features_with_perturbed_logits(data):
+    perturbed = (data.logits + 0.5) / 1000.0
+    with pytest.raises(EtnError, match="temperature = 10.0 would be ignored") as err:
+        ODIN(temperature=10.0).fit(
+            data.hidden, data.logits, data.labels, layers={"odin": perturbed}
+        )
+    assert "\n" not in str(err.value)

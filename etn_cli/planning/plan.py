@@ -158,14 +158,17 @@ def _check_names(pipeline: Pipeline) -> None:
 def _check_odin_temperature(pipeline: Pipeline) -> None:
     """With ``[backbone] odin = true`` extract stores ODIN's logits already divided by the
     backbone's ``odin_temperature`` (the perturbation depends on it too), so an ODIN head's own
-    ``temperature`` would be ignored: each value a new head key with identical results."""
+    ``temperature`` would be ignored: each value a new head key with identical results. The
+    head refuses any but its default where the features carry ODIN's logits (``ODIN._fit``)."""
     options = pipeline.backbone_options
     if options.get("odin") is not True:
         return
+    from etn_cli.heads.settings import ODINConfig
+
     fixed = float(options.get("odin_temperature", 1000.0))
     for spec in pipeline.heads:
         value = spec.settings.get("temperature")
-        if spec.name == "odin" and value is not None and float(value) != fixed:
+        if spec.name == "odin" and value is not None and value != ODINConfig.temperature:
             raise EtnError(
                 f"{pipeline.path} [[heads]] 'odin' key 'temperature' = {value} would be ignored: "
                 f"[backbone] odin = true stores logits at odin_temperature = {fixed}. Set "
