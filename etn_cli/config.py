@@ -39,35 +39,48 @@ def build_config(cls: type[C], values: dict[str, Any], where: str) -> C:
     return cls(**coerced)
 
 
-def _positive(v: Any) -> bool:
-    return v > 0 and math.isfinite(v)
+def _within(low: float, high: float, open_low: bool = False) -> Callable[[Any], bool]:
+    """``low < v <= high`` (``open_low``) or ``low <= v <= high``, finite."""
+    if open_low:
+        return lambda v: low < v <= high and math.isfinite(v)
+    return lambda v: low <= v <= high and math.isfinite(v)
 
 
-def _non_negative(v: Any) -> bool:
-    return v >= 0 and math.isfinite(v)
-
-
+# Every number is bounded by what can run: a scale of 1e308 overflows the first square, a
+# count of 2**62 allocates exabytes or never ends. The bounds sit far beyond any setting in
+# use (the paper's largest scale is ODIN's T = 1000, its longest run 200 epochs).
+SCALE_LIMIT = 1e6
 SEED_LIMIT = 2**32  # numpy's legacy seeding takes no more; torch's takes 2**64
-POSITIVE = (_positive, "a finite number > 0")
-NON_NEGATIVE = (_non_negative, "a finite number >= 0")
-COUNT = (lambda v: v >= 1, "an integer >= 1")
+POSITIVE = (_within(0, SCALE_LIMIT, open_low=True), "a number in (0, 1e6]")
+NON_NEGATIVE = (_within(0, SCALE_LIMIT), "a number in [0, 1e6]")
+EPOCH_LIMIT = 100_000
+EPOCHS = (_within(1, EPOCH_LIMIT), f"an integer in 1 .. {EPOCH_LIMIT:,}")
+BATCH_LIMIT = 2**20
+BATCH = (_within(1, BATCH_LIMIT), f"an integer in 1 .. {BATCH_LIMIT:,}")
+DRAW_LIMIT = 10_000  # Monte Carlo draws, passes, members: each a full prediction of every row
+DRAWS = (_within(1, DRAW_LIMIT), f"an integer in 1 .. {DRAW_LIMIT:,}")
+ROW_LIMIT = 2**31  # rows, neighbours, classes: an int32 index holds them
+ROWS = (_within(1, ROW_LIMIT - 1), "an integer in 1 .. 2**31 - 1")
 PERCENT = (lambda v: 0 <= v <= 100, "a percentage in [0, 100]")
 # a layer's or a feature map's size: beyond these, one weight matrix alone takes gigabytes
 SIZE_LIMIT = 65_536
-SIZE = (lambda v: 1 <= v <= SIZE_LIMIT, f"an integer in 1 .. {SIZE_LIMIT:,}")
+SIZE = (_within(1, SIZE_LIMIT), f"an integer in 1 .. {SIZE_LIMIT:,}")
 DEPTH_LIMIT = 32
+# any other number (an absolute threshold, a shift, a layer index): finite and within these
+OTHER_INT = (lambda v: -ROW_LIMIT < v < ROW_LIMIT, "an integer within +-2**31")
+OTHER_FLOAT = (_within(-SCALE_LIMIT, SCALE_LIMIT), "a number in [-1e6, 1e6]")
 
 
 # Settings whose range is the same wherever they appear (heads, backbones, [data], [finetune]):
 # checked before any work, so a bad value is one line instead of an untrained head or a
-# traceback halfway through a run.
+# traceback halfway through a run. A number without an entry is held to OTHER_INT/OTHER_FLOAT.
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "epochs": COUNT,
+    "epochs": EPOCHS,
     "lr": POSITIVE,
-    "batch_size": COUNT,
-    "mc_samples": COUNT,
-    "members": COUNT,
-    "passes": COUNT,
+    "batch_size": BATCH,
+    "mc_samples": DRAWS,
+    "members": (_within(1, 1_000), "an integer in 1 .. 1,000"),
+    "passes": DRAWS,
     "prior_mode": POSITIVE,
     "prior_variance": POSITIVE,
     "temperature": POSITIVE,
@@ -77,7 +90,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "seed": (lambda v: 0 <= v < SEED_LIMIT, "an integer in 0 .. 2**32 - 1"),
     # ETN's Student-t degrees of freedom: its variance nu / (nu - 2) and the fused objective
     # need nu > 1 (the paper's 1e4 is near-Gaussian)
-    "nu": (lambda v: v > 1 and math.isfinite(v), "a finite number > 1"),
+    "nu": (lambda v: 1 < v <= 1e8 and math.isfinite(v), "a number in (1, 1e8]"),
     "warmup_fraction": (lambda v: 0 <= v < 1, "a fraction of the epochs in [0, 1)"),
     "momentum": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     # initial values, scales and rates of the other heads and scorers
@@ -93,6 +106,9 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "beta": NON_NEGATIVE,
     "gradient_penalty": NON_NEGATIVE,
     "odir_weight": NON_NEGATIVE,
+    "odin_temperature": POSITIVE,
+    "odin_epsilon": NON_NEGATIVE,
+    "lora_alpha": POSITIVE,
     # sizes and counts
     "width": SIZE,
     "widths": SIZE,  # every layer of the list
@@ -100,14 +116,26 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "depth": (lambda v: 1 <= v <= DEPTH_LIMIT, f"an integer in 1 .. {DEPTH_LIMIT}"),
     "latent_dim": SIZE,
     "centroid_size": SIZE,
+    "channels": SIZE,
+    "hidden": SIZE,
+    "lora_rank": SIZE,
+    "resize": SIZE,
+    "crop": SIZE,
+    "image_size": SIZE,
+    "max_length": (_within(1, 2**20), "an integer in 1 .. 1,048,576"),
+    "num_classes": ROWS,
+    "size": ROWS,
+    "fit_rows": ROWS,
+    "shard_rows": ROWS,
+    "workers": (_within(0, 256), "an integer in 0 .. 256"),
     # SNGP keeps an M x M covariance: 16,384 features is already a gigabyte
     "random_features": (lambda v: 1 <= v <= 16_384, "an integer in 1 .. 16,384"),
     "mean_field_factor": NON_NEGATIVE,  # lambda of p(y) = softmax(z / sqrt(1 + lambda var))
-    "lr_milestones": COUNT,  # every epoch of the list
-    "prior_steps": COUNT,
-    "k": COUNT,
-    "top_m": COUNT,
-    "dim": (lambda v: v >= 0, "an integer >= 0 (0: the paper's rule)"),
+    "lr_milestones": EPOCHS,  # every epoch of the list
+    "prior_steps": EPOCHS,
+    "k": ROWS,
+    "top_m": ROWS,
+    "dim": (_within(0, SIZE_LIMIT), f"an integer in 0 .. {SIZE_LIMIT:,} (0: the paper's rule)"),
     "percentile": PERCENT,
     "lower_percentile": PERCENT,
     "upper_percentile": PERCENT,
@@ -116,22 +144,22 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "alpha": (lambda v: 0 < v < 1, "a probability in (0, 1), e.g. 0.1"),
     "holdout": (lambda v: 0 < v < 1, "a share in (0, 1), e.g. 0.2"),
     "penalty": NON_NEGATIVE,
-    "k_reg": (lambda v: v >= 0, "an integer >= 0"),
+    "k_reg": (_within(0, ROW_LIMIT - 1), "an integer in 0 .. 2**31 - 1"),
 }
 
 
 def check_range(key: str, value: Any, where: str) -> None:
     """One line naming the key, the value, the allowed range and the place, if out of range:
-    a number outside its rule in :data:`RANGES` (each number of a list), or any number that is
-    not finite."""
+    a number outside its rule in :data:`RANGES` (each number of a list; a key without one is
+    held to :data:`OTHER_INT` or :data:`OTHER_FLOAT`), or any number that is not finite."""
     items = value if isinstance(value, tuple | list) else (value,)
     numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
     if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
         raise EtnError(f"{where} key {key!r} must be finite, got {value!r}. Fix the value.")
-    rule = RANGES.get(key)
-    if rule is None:
+    if not numbers:
         return
-    ok, expected = rule
+    fallback = OTHER_FLOAT if any(isinstance(v, float) for v in numbers) else OTHER_INT
+    ok, expected = RANGES.get(key, fallback)
     if not all(ok(v) for v in numbers):
         each = "each of its numbers " if items is value else ""
         raise EtnError(

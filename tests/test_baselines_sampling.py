@@ -331,3 +331,32 @@ def test_digits_cnn_extracts_with_odin_on_another_device(backbone, images, meta_
     hidden, logits, extras = moved.extract_batch(images)
     assert hidden.shape == (8, SMALL.hidden) and extras["odin"].shape == (8, 7)
     assert next(moved.model.parameters()).is_meta
+
+
+@pytest.mark.parametrize(
+    "temperature", ["temperature = 10.0", "sweep = { temperature = [10, 1000] }"]
+)
+def test_odin_temperature_fixed_by_the_backbone_is_refused_in_one_line(tmp_path, temperature):
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
+
+    pipeline = tmp_path / "odin.toml"
+    pipeline.write_text(
+        'name = "odin"\nseeds = [0]\n[backbone]\nname = "digits_cnn"\nodin = true\n'
+        '[data]\nid = "digits"\n[[heads]]\nname = "odin"\n'
+        f"{temperature}\n"
+    )
+    with pytest.raises(EtnError, match="'temperature' = 10(.0)? would be ignored") as err:
+        make_plan(load_pipeline(pipeline), tmp_path / "data")
+    assert "odin_temperature in [backbone]" in str(err.value) and "\n" not in str(err.value)
+    pipeline.write_text(pipeline.read_text().replace("odin = true\n", ""))  # the fallback uses T
+    assert len(make_plan(load_pipeline(pipeline), tmp_path / "data").heads) >= 1
+
+
+def test_odin_refuses_its_own_temperature_on_features_with_perturbed_logits(data):
+    perturbed = (data.logits + 0.5) / 1000.0
+    with pytest.raises(EtnError, match="temperature = 10.0 would be ignored") as err:
+        ODIN(temperature=10.0).fit(
+            data.hidden, data.logits, data.labels, layers={"odin": perturbed}
+        )
+    assert "\n" not in str(err.value)

@@ -19,6 +19,7 @@ from etn_cli.heads.calibration import (
     T_MIN,
     apply_temperature,
     fallback,
+    fit_scores_temperature,
     fit_temperature,
 )
 from etn_cli.metrics.evaluation import classification_metrics
@@ -156,3 +157,21 @@ def test_a_calibrated_head_saved_and_loaded_predicts_the_same_and_keeps_its_temp
 def test_an_unknown_calibration_is_refused_with_the_allowed_ones():
     with pytest.raises(EtnError, match="'none', 'temperature'"):
         heads.get("etn")(calibrate="platt")
+
+
+def test_an_all_correct_split_whose_nll_is_exactly_zero_falls_back_and_says_so():
+    labels = np.arange(40) % 4
+    scores = np.full((40, 4), -800.0)
+    scores[np.arange(40), labels] = 0.0  # margins of 800: every exp underflows, NLL(T=1) = 0
+    probs = np.exp(scores)  # exactly one-hot: log p is the floor elsewhere
+    assert _torch_nll(probs, labels, 1.0) == 0.0
+    with pytest.warns(UserWarning, match=r"no minimiser \(40 of 40") as caught:
+        record = fit_temperature(probs, labels)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert record["rule"] == "laplace" and fallback(record) == "T by Laplace's rule"
+    with pytest.warns(UserWarning, match="Laplace's rule"):  # the temperature scorer's fit
+        assert fit_scores_temperature(torch.from_numpy(scores), labels)["rule"] == "laplace"
+    head = heads.get("map")(calibrate="temperature")
+    with pytest.warns(UserWarning, match="Laplace's rule"):
+        head.fit(np.zeros((40, 3), np.float32), np.log(probs + 1e-300), labels)
+    assert head.calibration_["rule"] == "laplace"  # saved in head.json with the head

@@ -106,8 +106,11 @@ def one_line_usage_error(done: subprocess.CompletedProcess) -> None:
         (["report", "--format", "xls", "{pipeline}"], "Unknown format 'xls'"),
         (["report", "--metric", "bogus", "{pipeline}"], "aupr, auroc, fpr95"),
         (["run", "--metric", "aurocc", "{pipeline}"], "Did you mean 'auroc'?"),
-        (["run", "{pipeline}", "--set", "heads.etn.epochs=-1"], "'epochs' must be an integer >= 1"),
-        (["run", "{pipeline}", "--set", "heads.etn.lr=-1"], "'lr' must be a finite number > 0"),
+        (
+            ["run", "{pipeline}", "--set", "heads.etn.epochs=-1"],
+            "'epochs' must be an integer in 1 .. 100,000",
+        ),
+        (["run", "{pipeline}", "--set", "heads.etn.lr=-1"], "'lr' must be a number in (0, 1e6]"),
         (["run", "{pipeline}", "--set", "heads.etn.batch_size=0"], "'batch_size' must be"),
         (["run", "{pipeline}", "--set", "heads.etn.epoch=3"], "Did you mean 'epochs'?"),
         (["run", "{pipeline}", "--set", "heads.etn.prior_mode='x'"], "expected float"),
@@ -171,7 +174,10 @@ epochs = 2
 @pytest.mark.parametrize(
     ("edit", "phrases"),
     [
-        (("epochs = 2", "epochs = -1"), ["[[heads]] 'etn'", "'epochs' must be an integer >= 1"]),
+        (
+            ("epochs = 2", "epochs = -1"),
+            ["[[heads]] 'etn'", "'epochs' must be an integer in 1 .. 100,000"],
+        ),
         (
             ('ood = ["digits_unseen"]', 'ood = ["digits_unsen"]'),
             ["[data] ood: Unknown dataset 'digits_unsen'", "Did you mean: digits_unseen"],

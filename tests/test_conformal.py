@@ -193,3 +193,112 @@ def test_own_features_calibrate_on_a_folder_or_the_test_split_never_the_fitted_r
     (tmp_path / "own.toml").write_text(base)  # the default: part of the adaptation folder
     with pytest.raises(EtnError, match="no head was fitted on; with \\[features\\], write split"):
         make_plan(load_pipeline(tmp_path / "own.toml"), tmp_path / "data")
+
+
+def _own_pipeline(tmp_path, split: str) -> object:
+    rng = np.random.default_rng(0)
+    for name in ("adapt", "test"):
+        if not (tmp_path / name).exists():
+            _shards(tmp_path / name, rng, 40)
+    (tmp_path / "own.toml").write_text(
+        '[features]\nadapt = "adapt"\ntest = "test"\n[[heads]]\nname = "map"\n'
+        f'[conformal]\nsplit = "{split}"\n'
+    )
+    return tmp_path / "own.toml"
+
+
+@pytest.mark.parametrize("labels", ["missing", -1, 99])
+def test_calibration_rows_without_labels_or_outside_the_classes_are_refused_before_work(
+    tmp_path, labels
+):
+    rng = np.random.default_rng(1)
+    n, hidden = 30, rng.normal(size=(30, 8)).astype(np.float32)
+    arrays = {"hidden": hidden, "logits": hidden[:, :3] * 2}
+    if labels != "missing":  # -1: a row without a label; 99: no class of the 3
+        arrays["labels"] = np.r_[rng.integers(0, 3, n - 1), labels].astype(np.int64)
+    np.savez(tmp_path / "calib.npz", **arrays)
+    code, output = etn("run", _own_pipeline(tmp_path, "calib.npz"), "-d", tmp_path / "d", "-q")
+    assert code == 2 and len(output.strip().splitlines()) == 1, output
+    assert ("labels" in output) and ("calib" in output)
+    assert not list((tmp_path / "d").rglob("train.json"))  # no head was fitted
+
+
+def test_calibration_folder_of_unlabelled_rows_is_refused_in_one_line(tmp_path):
+    import h5py
+
+    pipeline = _own_pipeline(tmp_path, "calib")
+    _shards(tmp_path / "calib", np.random.default_rng(2), 30)
+    with h5py.File(tmp_path / "calib" / "shard-00000.h5", "r+") as f:
+        f["labels"][...] = -1  # what an unlabelled OOD or image `ood` folder holds
+    code, output = etn("run", pipeline, "-d", tmp_path / "d", "-q")
+    assert code == 2 and len(output.strip().splitlines()) == 1, output
+    assert "conformal calibration set" in output and "has no labels" in output
+
+
+def test_the_test_split_itself_as_the_calibration_split_is_refused(tmp_path):
+    from etn_cli.errors import EtnError
+
+    with pytest.raises(EtnError, match=r"split './test' is the \[features\] test split") as err:
+        etn("run", _own_pipeline(tmp_path, "./test"), "-d", tmp_path / "d", "-q")
+    assert "\n" not in str(err.value)
+
+
+def test_the_unchecked_score_of_a_missing_label_would_rank_it_first():
+    # why calibration labels are checked: argmax of an all-False row is 0, the top class
+    probs = np.array([[0.1, 0.7, 0.2]])
+    assert label_scores(probs, np.array([-1]), "lac", np.zeros(1), 0.0, 0) == pytest.approx(0.3)
+
+
+def test_without_zero_sets_every_set_holds_the_top_class_and_coverage_only_rises():
+    rng = np.random.default_rng(3)
+    probs, labels = _exchangeable(rng, 600)
+    u = rng.random(600)
+    scores = label_scores(probs[:300], labels[:300], "aps", u[:300], 0.0, 0)
+    q = threshold(scores, 0.3)  # a loose alpha: some APS sets come out empty
+    allowed = prediction_sets(probs[300:], q, "aps", u[300:], 0.0, 0)
+    top1 = prediction_sets(probs[300:], q, "aps", u[300:], 0.0, 0, allow_zero_sets=False)
+    assert (allowed.sum(1) == 0).any() and (top1.sum(1) >= 1).all()
+    assert top1[np.arange(300), probs[300:].argmax(1)].all()
+    assert (top1 >= allowed).all() and (top1.sum(1) - allowed.sum(1) <= 1).all()
+
+
+def test_tied_scores_can_break_the_upper_coverage_bound_but_never_the_lower_one():
+    # one probability vector for every row: LAC's scores take two values, full of ties
+    n, m, alpha = 99, 2000, 0.1
+    rng = np.random.default_rng(4)
+    probs = np.tile([0.8, 0.1, 0.1], (n + m, 1))
+    labels = rng.choice(3, size=n + m, p=[0.8, 0.1, 0.1])
+    q = threshold(label_scores(probs[:n], labels[:n], "lac", np.zeros(n), 0.0, 0), alpha)
+    member = prediction_sets(probs[n:], q, "lac", np.zeros(m), 0.0, 0)
+    coverage = member[np.arange(m), labels[n:]].mean()
+    assert coverage >= 1 - alpha
+    assert coverage > 1 - alpha + 1 / (n + 1)  # the upper bound needs scores free of ties
+
+
+def test_too_few_calibration_rows_for_alpha_are_said_on_stderr(tmp_path, capsys):
+    from test_bad_inputs import etn as etn_main
+
+    rng = np.random.default_rng(5)
+    for name, n in (("adapt", 40), ("test", 40), ("calib", 5)):  # 5 < ceil(1 / 0.1) - 1
+        _shards(tmp_path / name, rng, n)
+    (tmp_path / "own.toml").write_text(
+        '[features]\nadapt = "adapt"\ntest = "test"\n[[heads]]\nname = "map"\n'
+        '[conformal]\nsplit = "calib"\n'
+    )
+    code, err = etn_main(capsys, "run", tmp_path / "own.toml", "-d", tmp_path / "d")
+    assert code == 0, err
+    assert "warning: MAP conformal sets calibrated on calibration: 5 calibration rows" in err
+    assert "every set holds every class (needs n >= 9)" in err
+
+
+def test_allow_zero_sets_false_is_a_conformal_setting_with_its_own_metrics_key(tmp_path):
+    from etn_cli.planning.pipeline import load_pipeline
+    from etn_cli.planning.plan import make_plan
+
+    keys = []
+    for extra in ("", "allow_zero_sets = true", "allow_zero_sets = false"):
+        pipeline = _own_pipeline(tmp_path, "test")
+        pipeline.write_text(pipeline.read_text() + extra + "\n")
+        plan = make_plan(load_pipeline(pipeline), tmp_path / "d")
+        keys.append(plan.metrics[0].key)
+    assert keys[0] == keys[1] != keys[2]  # the default keeps earlier metrics' keys

@@ -183,3 +183,35 @@ def test_a_garbage_manifest_in_your_feature_folder_is_one_line(tmp_path, capsys)
         from etn_cli.store.writing.manifest import load_manifest
 
         load_manifest(tmp_path / "mine" / "far")
+
+
+def test_a_folder_first_read_when_the_heads_exist_is_recorded_and_its_bit_rot_refused(
+    tmp_path, capsys
+) -> None:
+    pipeline = byof_pipeline(tmp_path)
+    data = tmp_path / "data"
+    assert etn(capsys, "run", pipeline, "-d", data)[0] == 0
+    shard = tmp_path / "mine" / "near" / "shard-00000.h5"  # a new OOD folder, heads built
+    shutil.copytree(tmp_path / "mine" / "far", shard.parent)
+    pipeline.write_text(pipeline.read_text().replace('"mine/far"]', '"mine/far", "mine/near"]'))
+    code, err = etn(capsys, "run", pipeline, "-d", data)
+    assert code == 0 and "train: 0 built" in err, err  # only evaluate read the new folder
+    rewrite_keeping_size_and_time(shard, b"\x3f\x80")
+    code, err = etn(capsys, "run", pipeline, "-d", data)
+    assert code == 2 and "changed without being written" in err and "near/shard" in err, err
+    for repair in ([], ["--repair"]):  # verify says so too, and never removes your folder
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main_verify(["verify", "-d", str(data), *repair])
+        out = capsys.readouterr().out
+        assert exit_.value.code == 1 and f"DAMAGED {shard.parent}" in out, out
+        assert shard.is_file()
+
+
+def main_verify(args: list[str]) -> None:
+    from unittest import mock
+
+    from etn_cli.cli.app import main
+
+    with mock.patch("sys.argv", ["etn", *args]):
+        main()

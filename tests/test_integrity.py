@@ -487,3 +487,24 @@ def value_offset(shard: Path) -> int:
     """A byte inside the shard's hidden values (not its HDF5 header)."""
     with h5py.File(shard, "r") as handle:
         return handle["hidden"].id.get_offset() + 40
+
+
+@pytest.mark.parametrize("name", ["../outside/shard-00000.h5", "/tmp/x.h5", "..", "a/b.h5"])
+def test_a_manifest_naming_a_shard_outside_its_folder_is_refused_in_one_line(
+    tmp_path, name
+) -> None:
+    from conftest import make_features
+
+    from etn_cli.store.writing.writer import ShardWriter
+
+    f = make_features(split=1)
+    for folder in ("test", "outside"):
+        with ShardWriter(tmp_path / folder, {"mine": "test"}, shard_rows=512) as writer:
+            writer.append(f.hidden, f.logits, f.labels, np.arange(len(f.labels)))
+    manifest_path = tmp_path / "test" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["shards"][0]["file"] = name  # re-sealed: the seal is a plain sha256
+    manifest_path.write_text(json.dumps(seal_record(manifest)))
+    with pytest.raises(EtnError, match="expected a file name inside its folder") as err:
+        read_split(tmp_path / "test")
+    assert "\n" not in str(err.value)

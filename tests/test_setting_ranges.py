@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from etn_cli.config import build_config
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads
 
@@ -82,11 +83,15 @@ def test_every_numeric_setting_refuses_a_value_out_of_its_range(head, setting, k
 @pytest.mark.parametrize(
     ("setting", "phrase"),
     [
-        ("heads.sngp.mean_field_factor=-1", "'mean_field_factor' must be a finite number >= 0"),
+        ("heads.sngp.mean_field_factor=-1", "'mean_field_factor' must be a number in [0, 1e6]"),
         ("heads.duq.lr_milestones=[-5, 1000]", "'lr_milestones' must be each of its numbers"),
         ("heads.etn.width=100000", "'width' must be an integer in 1 .. 65,536"),
         ("heads.etn.depth=50", "'depth' must be an integer in 1 .. 32"),
         ("seeds=[18446744073709551616]", "each in 0 .. 2**32 - 1"),
+        ("heads.etn.prior_mode=1e308", "'prior_mode' must be a number in (0, 1e6]"),
+        ("heads.etn.mc_samples=4611686018427387904", "'mc_samples' must be an integer in 1"),
+        ("heads.duq.length_scale=1e308", "'length_scale' must be a number in (0, 1e6]"),
+        ("heads.etn.epochs=4611686018427387904", "'epochs' must be an integer in 1 .. 100,000"),
     ],
 )
 def test_the_issue_s_settings_are_one_line_and_exit_2_before_any_work(
@@ -102,3 +107,42 @@ def test_the_issue_s_settings_are_one_line_and_exit_2_before_any_work(
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert phrase in done.stderr
     assert not [p for p in (tmp_path / "d").rglob("*") if p.is_file()]
+
+
+def config_classes() -> dict[str, type]:
+    """Every settings dataclass a pipeline or a head fills: heads, backbones and their
+    [finetune] settings, dataset options, [data], [features] and [conformal]."""
+    from etn_cli.backbones import BACKBONES
+    from etn_cli.datasets import OPTIONS
+    from etn_cli.planning.pipeline import ConformalSpec, DataSpec, FeaturesSpec
+
+    found = {f"head {name}": heads.get(name).Config for name in heads.names()}
+    found |= {f"backbone {n}": c for n, (_, c, _) in BACKBONES.items()}
+    found |= {f"[finetune] {n}": f for n, (_, _, f) in BACKBONES.items() if f is not None}
+    found |= {f"dataset {n}": c for n, c in OPTIONS.items()}
+    return found | {"[data]": DataSpec, "[features]": FeaturesSpec, "[conformal]": ConformalSpec}
+
+
+HUGE = [
+    (where, cls, field.name, value)
+    for where, cls in config_classes().items()
+    for field in dataclasses.fields(cls)
+    if (kind := numeric(typing.get_type_hints(cls)[field.name]))
+    for value in ((1e308, -1e308) if kind == "float" else (2**62, -(2**62)))
+]
+
+
+@pytest.mark.parametrize(
+    ("where", "cls", "setting", "value"), HUGE, ids=[f"{w}.{s}={v:g}" for w, _, s, v in HUGE]
+)
+def test_every_numeric_setting_refuses_a_huge_value_in_one_line(where, cls, setting, value):
+    hints = typing.get_type_hints(cls)
+    required = {  # fields without a default get a name, as a pipeline gives them
+        f.name: "x"
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    listed = typing.get_origin(hints[setting]) is tuple or "tuple" in str(hints[setting])
+    with pytest.raises(EtnError, match=setting) as caught:
+        build_config(cls, required | {setting: [value] if listed else value}, where)
+    assert "\n" not in str(caught.value)

@@ -64,7 +64,11 @@ def report(
     bootstrap: Annotated[
         int,
         typer.Option(
-            "--bootstrap", metavar="N", min=100, help="Bootstrap replicates for --compare."
+            "--bootstrap",
+            metavar="N",
+            min=100,
+            max=100_000,  # a (N + 1, rows) matrix per eval set: 10,000 rows at most is 8 GB
+            help="Bootstrap replicates for --compare.",
         ),
     ] = 1000,
 ) -> None:
@@ -147,7 +151,7 @@ def verify(
 
     outcome = run_verify(data, clean_partials=clean_partials, repair=repair)
     typer.echo(outcome.render())
-    if outcome.damaged and not repair:
+    if outcome.left_damaged:
         raise typer.Exit(1)
 
 

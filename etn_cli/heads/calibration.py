@@ -17,14 +17,16 @@ a handful of passes over the scores to the global minimum, where pytorch-ood's L
 (50 steps, lr 0.01) may stop early.
 
 **No finite optimum.** When the adaptation split is classified with no error (or its errors
-have so small a margin that the NLL still falls at ``T = T_MIN``), the NLL decreases all the way
-to ``T -> 0``: any stopping point is arbitrary, and a small one makes nearly every probability
-exactly 0 or 1 (on a perfectly classified digits split, T = 0.01 and 0.003, and MSP's AUROC
-fell to 51-55%). The fit then falls back to **Laplace's rule of succession**: ``T`` such that
-the mean confidence on the adaptation split is ``(k + 1) / (n + 2)``, the accuracy one can
-claim after ``k`` right out of ``n`` (rule ``"laplace"``). When the NLL still falls at
-``T = T_MAX`` (no better than chance), ``T`` stays at that bound (rule ``"bound"``). Either
-way the fit warns in one line, its record says so, and the report's footnote names the method.
+have so small a margin that the NLL still falls at ``T = T_MIN``), the NLL decreases all the
+way to ``T -> 0`` (with margins so wide that it is exactly 0 in float64 already at ``T = 1``,
+its slope underflows too, so this is read from the errors, not from the slope): any stopping
+point is arbitrary, and a small one makes nearly every probability exactly 0 or 1 (on a
+perfectly classified digits split, T = 0.01 and 0.003, and MSP's AUROC fell to 51-55%). The fit
+then falls back to **Laplace's rule of succession**: ``T`` such that the mean confidence on the
+adaptation split is ``(k + 1) / (n + 2)``, the accuracy one can claim after ``k`` right out of
+``n`` (rule ``"laplace"``). When the NLL still falls at ``T = T_MAX`` (no better than chance),
+``T`` stays at that bound (rule ``"bound"``). Either way the fit warns in one line, its record
+says so, and the report's footnote names the method.
 """
 
 from __future__ import annotations
@@ -70,7 +72,10 @@ def fit_scores_temperature(scores: torch.Tensor, labels: Any) -> dict[str, Any]:
     rows = Rows(scores, y)
     beta, loss, grad = newton(rows)
     rule = "nll"
-    if beta >= 1 / T_MIN and grad < 0:  # still falling at T_MIN: no finite optimum
+    # no finite optimum: every row right (the NLL falls toward 0 as T -> 0; where it has
+    # underflowed to exactly 0 Newton sees a flat slope and stops anywhere), or still falling
+    # at T_MIN
+    if rows.correct == len(y) or (beta >= 1 / T_MIN and grad < 0):
         rule, beta = "laplace", laplace_beta(rows)
     elif beta <= 1 / T_MAX and grad > 0:  # still falling at T_MAX: no better than chance
         rule = "bound"

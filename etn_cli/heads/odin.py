@@ -51,6 +51,12 @@ class ODIN(Head):
         self.perturbed_ = ODIN_LAYER in layers
         if self.perturbed_:
             self._odin_logits(layers, z.shape[1])
+            if self.config.temperature != ODINConfig.temperature:  # layers/odin has its own T
+                raise EtnError(
+                    f"odin's temperature = {self.config.temperature} would be ignored: these "
+                    "features carry layers/odin, already divided by the T they were extracted "
+                    "with. Drop the head's temperature (set the extract's T instead)."
+                )
 
     def _odin_logits(self, layers: dict[str, torch.Tensor], n_classes: int) -> torch.Tensor:
         if ODIN_LAYER not in layers:

@@ -6,8 +6,9 @@ A score ``s(x, y)`` says how unusual label ``y`` is for input ``x``. On ``n`` ca
 the threshold ``q`` is the ``ceil((n + 1)(1 - alpha))``-th smallest of their scores ``s(x_i,
 y_i)`` (infinite when that rank exceeds ``n``: every label is then kept), and the set of a new
 ``x`` is ``{y : s(x, y) <= q}``. When calibration and test rows are exchangeable the set holds
-the true label with probability at least ``1 - alpha``, and, with scores free of ties (the
-randomised ones), at most ``1 - alpha + 1 / (n + 1)``.
+the true label with probability at least ``1 - alpha``, and, only with scores free of ties
+(the randomised ones: with ties, e.g. LAC on probabilities that repeat, it can reach 1), at
+most ``1 - alpha + 1 / (n + 1)``.
 
 With the classes sorted by probability, ``p_(1) >= p_(2) >= ...``, and ``r`` the rank of ``y``:
 
@@ -17,8 +18,9 @@ With the classes sorted by probability, ``p_(1) >= p_(2) >= ...``, and ``r`` the
 
 ``u`` is uniform on [0, 1], one draw per row, shared by every label of the row (the randomised
 sets of Angelopoulos et al., which make the coverage exact); without randomisation ``u = 0``.
-The defaults ``lambda = 0.01``, ``k_reg = 5`` and empty sets allowed are those of the
-authors' ImageNet notebook. Sets are nested in the rank, so each is the top-``L`` classes.
+The defaults ``lambda = 0.01``, ``k_reg = 5`` and empty sets allowed (``allow_zero_sets``)
+are those of the authors' ImageNet notebook. Sets are nested in the rank, so each is the
+top-``L`` classes.
 """
 
 from __future__ import annotations
@@ -71,12 +73,22 @@ def threshold(scores: np.ndarray, alpha: float) -> float:
 
 
 def prediction_sets(
-    probs: np.ndarray, q: float, method: str, u: np.ndarray, penalty: float, k_reg: int
+    probs: np.ndarray,
+    q: float,
+    method: str,
+    u: np.ndarray,
+    penalty: float,
+    k_reg: int,
+    allow_zero_sets: bool = True,
 ) -> np.ndarray:
-    """Membership (N, C): ``True`` where class ``c`` is in row ``n``'s set."""
+    """Membership (N, C): ``True`` where class ``c`` is in row ``n``'s set; without
+    ``allow_zero_sets`` the top class is in every set (a superset: coverage only rises)."""
     order, scores = rank_scores(probs, method, u, penalty, k_reg)
+    kept = scores <= q  # (N, C) by rank
+    if not allow_zero_sets:
+        kept[:, 0] = True
     member = np.zeros(order.shape, dtype=bool)
-    np.put_along_axis(member, order, scores <= q, axis=1)
+    np.put_along_axis(member, order, kept, axis=1)
     return member
 
 

@@ -4,13 +4,12 @@ first use so that later bit rot is refused like damage in etn's own shards.
 etn's own shards carry checksums of their values; a folder of ``*.h5`` files you wrote has
 none, and a changed file is simply new data under a new key. A bit flipped on disk changes the
 bytes without a write, though: size, modification time and inode stay as they were. So the
-first ``etn train`` (or ``etn run``) that fits heads on such a folder's pipeline, once every
-input is checked, records
-each shard's size, mtime, inode and sha256 in ``<data>/features/own-folders.json`` (sealed),
-and every later use compares: a shard with the recorded size, mtime and inode but another
-sha256 was not written, it rotted, and is refused in one line naming it. A shard written anew
-(any new mtime) is new data, and its record is updated at its next use. Nothing is ever
-written into your folder.
+first ``etn train`` or ``etn evaluate`` (or ``etn run``) that reads such a folder, once every
+input is checked, records each shard's size, mtime, inode and sha256 in
+``<data>/features/own-folders.json`` (sealed), and every later use compares: a shard with the
+recorded size, mtime and inode but another sha256 was not written, it rotted, and is refused
+in one line naming it. A shard written anew (any new mtime) is new data, and its record is
+updated at its next use. Nothing is ever written into your folder.
 """
 
 from __future__ import annotations
@@ -72,9 +71,14 @@ def own_folder_key(folder: Path, record: Path) -> tuple[str, dict[str, Any]]:
     return fingerprint_key({"byof": True, "shards": hashes}), seen
 
 
+def remember_plan_folders(plan: Any) -> None:
+    """Record the own folders of ``plan`` (a stage that reads them calls it once its inputs are
+    checked: a folder first read by ``evaluate``, its heads built already, is recorded too)."""
+    remember_own_folders(plan.feature_units, plan.data_dir / "features" / OWN_RECORD)
+
+
 def remember_own_folders(units: list[Any], record: Path) -> None:
-    """Record the shards of every own folder of ``units`` as planning saw them (a build
-    command calls it once its inputs are checked)."""
+    """Record the shards of every own folder of ``units`` as planning saw them."""
     seen = {
         os.path.realpath(unit.path): unit.fingerprint["shards"]
         for unit in units

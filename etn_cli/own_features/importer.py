@@ -27,7 +27,7 @@ from etn_cli.store.writing.manifest import load_manifest
 from etn_cli.store.writing.writer import ShardWriter
 
 SHARD_ROWS = 65536
-LABELLED_ROLES = ("adapt", "test")
+LABELLED_ROLES = ("adapt", "test", "calibration")
 
 
 def read_checked(files: dict[Path, str]) -> dict[Path, FeatureFile]:
@@ -57,6 +57,7 @@ def check_before_import(plan: Any, read: dict[Path, FeatureFile]) -> None:
     is imported: on the files' arrays, and on the folders of the splits imported already or
     read in place."""
     from etn_cli.store.reading.consistency import (
+        CALIBRATION,
         SplitInfo,
         check_split_infos,
         check_varies,
@@ -66,20 +67,23 @@ def check_before_import(plan: Any, read: dict[Path, FeatureFile]) -> None:
 
     roles = [("adaptation set", plan.adapt), ("ID test set", plan.test)]
     roles += [(f"OOD set {unit.name!r}", unit) for unit in plan.ood]
+    if plan.calibration is not None:
+        roles.append((CALIBRATION, plan.calibration))
     infos, labels = [], []
     for i, (role, unit) in enumerate(roles):
         file = (unit.fingerprint or {}).get("file")
         features = read.get(Path(file)) if file else None
         if features is None:
             infos.append(split_info(role, unit.path))
-            labels.append(split_labels(infos[-1]) if i < 2 else None)
+            labels.append(split_labels(infos[-1]) if i < 2 or role == CALIBRATION else None)
             continue
         n, d, c = len(features.hidden), features.hidden.shape[1], features.logits.shape[1]
         infos.append(SplitInfo(role, features.path, n, d, c, None, []))
         labels.append(features.labels if features.labels is not None else np.empty(0, np.int64))
         if i < 2:
             check_varies(features.logits, role, features.path)
-    check_split_infos(infos, labels[0], labels[1])
+    own = (infos.pop(), labels.pop()) if plan.calibration is not None else None
+    check_split_infos(infos, labels[0], labels[1], own)
 
 
 def write_split(features: FeatureFile, target: Path) -> None:

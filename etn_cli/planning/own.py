@@ -54,17 +54,20 @@ def own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
         fit=unit("fit", spec.fit, Path(spec.fit).stem) if spec.fit else None,
         groups=group_of(spec.groups, names),
     )
-    plan.calibration = own_calibration(pipeline, spec, unit)
+    plan.calibration = own_calibration(pipeline, spec, unit, plan.test.path)
     plan.classifier_source = units.classifier_source(pipeline, plan)
     plan.classifier_path = units.classifier_path(store, plan.classifier_source)
     return plan
 
 
-def own_calibration(pipeline: Pipeline, spec: object, unit: object) -> FeatureUnit | None:
+def own_calibration(
+    pipeline: Pipeline, spec: object, unit: object, test: Path
+) -> FeatureUnit | None:
     """``[conformal]``'s calibration features of a ``[features]`` pipeline: a folder (or
     file) of its own, or None for a held-out part of the test folder (``split = "test"``).
     Holding rows of the adaptation folder out of head fitting needs etn to extract them, so
-    the default is refused with what to write instead."""
+    the default is refused with what to write instead, and so is the test folder itself
+    (sets calibrated on the rows they are measured on)."""
     conformal = pipeline.conformal
     if conformal is None or conformal.split == "test":
         return None
@@ -74,4 +77,11 @@ def own_calibration(pipeline: Pipeline, spec: object, unit: object) -> FeatureUn
             '[features], write split = "test" (a held-out part of the test folder) or split = '
             '"<folder or file of calibration features>".'
         )
-    return unit("calibration", conformal.split, "calibration")  # type: ignore[operator]
+    calibration = unit("calibration", conformal.split, "calibration")  # type: ignore[operator]
+    if calibration.path.resolve() == test.resolve():
+        raise EtnError(
+            f"{pipeline.path} [conformal] split {conformal.split!r} is the [features] test split; "
+            'expected calibration rows the sets are not measured on. Write split = "test" (a '
+            "held-out part of it) or name another folder or file."
+        )
+    return calibration

@@ -176,6 +176,8 @@ class ConformalSpec:
     k_reg: int = 5  # RAPS: ranks up to k_reg are not penalised
     randomized: bool = True  # APS and RAPS: u ~ U[0, 1] per row (exact coverage)
     seed: int = 0  # the held-out rows and the uniform draws
+    # the RAPS authors' name (and lightning-uq-box's): false puts the top class in every set
+    allow_zero_sets: bool = True
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,7 @@ class Pipeline:
         return f" For the example as shipped, `python {shown}` writes stand-ins of these files."
 
 
+NAME_LIMIT = 200
 TOP_LEVEL = (
     "name",
     "description",
@@ -383,6 +386,11 @@ def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
         raise EtnError(
             f"{path}: name must be letters, digits, '-' or '_' (it names folders in the data "
             f'directory), got {name!r}. Rename it, e.g. name = "digits".'
+        )
+    if len(name) > NAME_LIMIT:  # folders get "+<8 hex>" and ".lock": 255 bytes is the limit
+        raise EtnError(
+            f"{path}: name is {len(name)} characters long; expected at most {NAME_LIMIT} (it "
+            'names folders in the data directory). Set a shorter name = "..." in the file.'
         )
     if ("features" in raw) == ("backbone" in raw or "data" in raw):
         raise EtnError(

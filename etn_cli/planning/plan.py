@@ -37,8 +37,9 @@ from etn_cli.store.content import use_data_dir
 from etn_cli.store.fingerprint import fingerprint_key
 
 EXTRACT_VERSION = 1  # bump when extraction's outputs change for the same inputs
-METRICS_VERSION = 5  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins;
-# 5: timing repeats, selective prediction, per-row predictions, conformal sets
+METRICS_VERSION = 6  # 3: OpenOOD's aupr_in/aupr_out/fpr95 (OOD positive); 4: reliability bins;
+# 5: timing repeats, selective prediction, per-row predictions, conformal sets; 6: selective
+# prediction by the confidence shown (a calibrated head's MP after its temperature)
 SUBSAMPLE_SEED = 0  # fixes the rows that ``fit_rows`` keeps
 FINETUNE_VERSION = 1
 # [finetune] settings that change speed or memory, never the weights
@@ -129,6 +130,7 @@ def _check_names(pipeline: Pipeline) -> None:
         except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
             message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
             raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+    _check_odin_temperature(pipeline)
     if pipeline.backbone is not None:
         from etn_cli.backbones import backbones
 
@@ -151,6 +153,27 @@ def _check_names(pipeline: Pipeline) -> None:
             checked_source(pipeline, data.id, pipeline.finetune.split, " [finetune]")
         if data.fit is not None:
             checked_source(pipeline, data.id, data.fit, " [data] fit")
+
+
+def _check_odin_temperature(pipeline: Pipeline) -> None:
+    """With ``[backbone] odin = true`` extract stores ODIN's logits already divided by the
+    backbone's ``odin_temperature`` (the perturbation depends on it too), so an ODIN head's own
+    ``temperature`` would be ignored: each value a new head key with identical results. The
+    head refuses any but its default where the features carry ODIN's logits (``ODIN._fit``)."""
+    options = pipeline.backbone_options
+    if options.get("odin") is not True:
+        return
+    from etn_cli.heads.settings import ODINConfig
+
+    fixed = float(options.get("odin_temperature", 1000.0))
+    for spec in pipeline.heads:
+        value = spec.settings.get("temperature")
+        if spec.name == "odin" and value is not None and value != ODINConfig.temperature:
+            raise EtnError(
+                f"{pipeline.path} [[heads]] 'odin' key 'temperature' = {value} would be ignored: "
+                f"[backbone] odin = true stores logits at odin_temperature = {fixed}. Set "
+                "odin_temperature in [backbone] and drop the head's temperature."
+            )
 
 
 def _check_apart(pipeline: Pipeline) -> None:
@@ -354,7 +377,10 @@ def _metrics_unit(plan: Plan, unit: HeadUnit) -> MetricsUnit:
     } | ({"groups": plan.groups} if plan.groups else {})
     if plan.pipeline.conformal is not None:  # the sets change with their settings and rows
         calibration = plan.calibration.key if plan.calibration else "test"
-        fp["conformal"] = config_dict(plan.pipeline.conformal) | {"calibration": calibration}
+        conformal = config_dict(plan.pipeline.conformal)
+        if conformal["allow_zero_sets"]:  # the default: earlier metrics keep their keys
+            del conformal["allow_zero_sets"]
+        fp["conformal"] = conformal | {"calibration": calibration}
     key = fingerprint_key(fp)
     path = plan.data_dir / "metrics" / plan.pipeline.name / f"{unit.head.name}-{key}.parquet"
     return MetricsUnit(unit, path, key)

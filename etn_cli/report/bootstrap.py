@@ -101,8 +101,11 @@ class Predictions:
                 return weighted_calibration(*columns, w_id)
             if family == "ranking":
                 return weighted_ranking(correct, self._score(eval_set, score), w_id)
-            if family == "selective":
-                return selective_values(self._score(eval_set, score), correct, w_id)
+            if family == "selective":  # by the confidence shown, as evaluate ranks
+                shown = test["confidence"].to_numpy() if score == "mp" else None
+                return selective_values(
+                    self._score(eval_set, score) if shown is None else shown, correct, w_id
+                )
             return {
                 name: weighted_mean(test[column].cast(pl.Float64).to_numpy(), w_id)
                 for name, column in (("coverage", "covered"), ("set_size", "set_size"))

@@ -45,6 +45,12 @@ def find_reference(summary: pl.DataFrame, name: str) -> tuple:
     from etn_cli.errors import UsageError
 
     keys = summary.select(METHOD).unique(maintain_order=True).rows()
+    if len(keys) < 2:  # nothing to pair with: the views would be empty
+        only = ", ".join(repr(key[1]) for key in keys) or "no method"
+        raise UsageError(
+            f"--compare needs two methods or more; this report holds {only} only. Drop "
+            "--compare, or run more heads (without --only)."
+        )
     by_label = {key[1].lower(): key for key in keys}
     if name.lower() in by_label:
         return by_label[name.lower()]

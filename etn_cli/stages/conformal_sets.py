@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from etn_cli import progress
 from etn_cli.datasets.base import held_out
 from etn_cli.metrics.conformal import (
     label_scores,
@@ -22,6 +23,7 @@ from etn_cli.metrics.conformal import (
 )
 from etn_cli.metrics.evaluation import MetricValue
 from etn_cli.planning.pipeline import ConformalSpec
+from etn_cli.store.reading.consistency import CALIBRATION, SplitInfo, check_labels
 
 
 @dataclass
@@ -43,7 +45,9 @@ class Calibrated:
         eval set ``name``."""
         spec = self.spec
         u = self.draws(rows, name)
-        return prediction_sets(probs, self.q, spec.method, u, spec.penalty, spec.k_reg)
+        return prediction_sets(
+            probs, self.q, spec.method, u, spec.penalty, spec.k_reg, spec.allow_zero_sets
+        )
 
     def note(self) -> str | None:
         if np.isfinite(self.q):
@@ -81,10 +85,15 @@ def calibrate(plan: Any, head: Any, read: Any, device: str) -> Calibrated:
         features.hidden[keep], features.logits[keep], layers=layers, device=device
     )
     rows, labels = features.index[keep], features.labels[keep]
+    where = plan.calibration.path if plan.calibration is not None else plan.test.path
+    classes = predicted.probs.shape[1]
+    check_labels(SplitInfo(CALIBRATION, where, len(labels), -1, classes, None, []), labels, False)
     model = Calibrated(spec, float("inf"), len(labels))
     u = model.draws(rows, name)
     scores = label_scores(predicted.probs, labels, spec.method, u, spec.penalty, spec.k_reg)
     model.q = threshold(scores, spec.alpha)
+    if (note := model.note()) is not None:  # degenerate sets: said, not only footnoted
+        progress.say(f"warning: {head.display_label} conformal sets calibrated on {name}: {note}")
     return model
 
 

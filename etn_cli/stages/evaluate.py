@@ -29,6 +29,7 @@ from etn_cli.metrics.evaluation import (
 )
 from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.own_features.classifier import classifier_record, describe
+from etn_cli.own_features.folders import remember_plan_folders
 from etn_cli.planning.plan import METRICS_VERSION, MetricsUnit, Plan, head_label
 from etn_cli.provenance import code_version, etn_version, now
 from etn_cli.stages.conformal_sets import (
@@ -71,6 +72,7 @@ def evaluate(
 
     def before(todo: list[MetricsFile]) -> None:
         check_plan_features(plan)
+        remember_plan_folders(plan)  # a folder first read here is recorded as train records it
         for unit in todo:  # every checkpoint, before any write
             heads[unit.unit.key] = load_head(unit.unit)
         for split in (plan.test, *plan.ood):  # damaged shards are found before any lock
@@ -148,7 +150,7 @@ def score_head(
         ("id", plan.id_dataset, m)
         for m in classification_metrics(id_pred.probs, test.labels, id_pred.predictions)
         + confidence_metrics(id_pred.scores, correct)
-        + selective_metrics(id_pred.scores, correct)
+        + selective_metrics(shown_scores(id_pred), correct)
         + reliability_bins(id_pred.probs.max(axis=1), correct)
     ]
     sets = calibrate(plan, head, read, device) if plan.pipeline.conformal else None
@@ -180,6 +182,16 @@ def score_head(
     }
     frame = metrics_frame(plan, unit, rows, meta, head)
     return frame, rows_frame(parts, row_provenance(frame))
+
+
+def shown_scores(prediction: Prediction) -> dict[str, np.ndarray]:
+    """The head's scores with ``mp`` the confidence a person is shown (the predictions file's
+    ``confidence``, ``etn predict``'s ``probability``): the largest probability, after the
+    temperature of a calibrated head. Selective prediction abstains by it; the OOD metrics keep
+    the head's own scores (:mod:`etn_cli.heads.calibration`)."""
+    if "mp" not in prediction.scores:
+        return prediction.scores
+    return prediction.scores | {"mp": np.asarray(prediction.probs, np.float64).max(axis=1)}
 
 
 def row_provenance(frame: pl.DataFrame) -> dict[str, Any]:

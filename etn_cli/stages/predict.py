@@ -37,7 +37,11 @@ from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError
 from etn_cli.metrics.score_names import HIGHER_MEANS_ID
 from etn_cli.planning.plan import Plan, open_source
-from etn_cli.stages.predict_options import check_input_named, output_format
+from etn_cli.stages.predict_options import (
+    check_input_named,
+    check_out_outside_store,
+    output_format,
+)
 from etn_cli.stages.trained_heads import pipeline_head, read_head
 from etn_cli.store.atomic import atomic_write_bytes
 
@@ -79,6 +83,7 @@ def predict(
 ) -> PredictResult:
     """Predict ``inputs`` with the pipeline's head and write the rows to ``out`` atomically."""
     fmt = output_format(out)
+    check_out_outside_store(out, plan.data_dir)
     frame = predict_frame(plan, inputs, head=head, seed=seed, thresholds=thresholds, device=device)
     buffer = io.BytesIO()
     frame.write_parquet(buffer) if fmt == "parquet" else frame.write_csv(buffer)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,18 @@ def output_format(path: Path) -> str:
         suffix = Path(path).suffix
         raise EtnError(f"--out {path} is a folder; expected a file. Pass e.g. {path}/out{suffix}.")
     return fmt
+
+
+def check_out_outside_store(path: Path, data_dir: Path) -> None:
+    """``--out`` is not inside a folder etn manages in the data directory (heads, metrics,
+    predictions, ...): a file written there would replace or sit among sealed artefacts."""
+    inside = Path(os.path.realpath(path)).parent
+    store = Path(os.path.realpath(data_dir))
+    if inside != store and inside.is_relative_to(store):
+        raise EtnError(
+            f"--out {path} lies in {inside}, a folder etn manages in the data directory "
+            f"{store}; expected a file elsewhere. Pass e.g. --out predictions{Path(path).suffix}."
+        )
 
 
 def check_input_named(text: str) -> None:

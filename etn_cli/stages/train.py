@@ -22,7 +22,7 @@ from etn_cli import progress
 from etn_cli.config import config_dict
 from etn_cli.errors import EtnError
 from etn_cli.own_features.classifier import classifier_for, classifier_record
-from etn_cli.own_features.folders import OWN_RECORD, remember_own_folders
+from etn_cli.own_features.folders import remember_plan_folders
 from etn_cli.planning.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
 from etn_cli.stages.head_inputs import check_head_inputs
@@ -47,8 +47,10 @@ def head_damage(path: Path) -> str | None:
 
 
 def check_plan_features(plan: Plan) -> None:
-    """The adaptation, test and OOD splits fit together (one backbone, labels in range, ...)."""
-    check_splits(plan.adapt.path, plan.test.path, {u.name: u.path for u in plan.ood})
+    """The adaptation, test, OOD and calibration splits fit together (one backbone, labels in
+    range, ...)."""
+    calibration = plan.calibration.path if plan.calibration is not None else None
+    check_splits(plan.adapt.path, plan.test.path, {u.name: u.path for u in plan.ood}, calibration)
 
 
 def train(
@@ -66,7 +68,7 @@ def train(
     def before(todo: list[TrainedHead]) -> None:  # every input checked before any fit
         check_plan_features(plan)
         check_head_inputs(plan, [u.unit for u in todo], reader("adapt"))
-        remember_own_folders(plan.feature_units, plan.data_dir / "features" / OWN_RECORD)
+        remember_plan_folders(plan)
 
     units = [TrainedHead(plan, unit, reader, device) for unit in plan.heads]
     with explained_storage_errors():

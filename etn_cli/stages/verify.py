@@ -54,6 +54,11 @@ class Verification:
     cleaned: list[Path] = field(default_factory=list)
     removed: list[Path] = field(default_factory=list)  # damaged units removed by --repair
 
+    @property
+    def left_damaged(self) -> list[Damage]:
+        """Damage still there: not removed by ``--repair`` (your own folders never are)."""
+        return [damage for damage in self.damaged if damage.path not in self.removed]
+
     def render(self) -> str:
         lines = [damage.line() for damage in self.damaged]
         lines += [left.line() for left in self.leftovers if left.path not in self.cleaned]
@@ -92,10 +97,28 @@ def verify(data_dir: Path, *, clean_partials: bool = False, repair: bool = False
             if repair:
                 remove_damaged(path)
                 result.removed.append(path)
+    check_own_folders(data_dir, result)
     result.leftovers = find_leftovers(data_dir)
     if clean_partials:
         result.cleaned = [left.path for left in result.leftovers if clean_leftover(left)]
     return result
+
+
+def check_own_folders(data_dir: Path, result: Verification) -> None:
+    """Your own shard folders recorded at first use (:mod:`etn_cli.own_features.folders`):
+    a shard changed without a write is damage, said but never removed (it is your data)."""
+    from etn_cli.own_features.folders import OWN_RECORD, own_folder_key, read_record
+
+    record = data_dir / "features" / OWN_RECORD
+    for folder in map(Path, sorted(read_record(record))):
+        if not folder.is_dir():  # moved or deleted by you: nothing of etn's to check
+            continue
+        result.checked["own feature folders"] += 1
+        try:
+            own_folder_key(folder, record)
+        except EtnError as err:
+            fix = "Restore the shard from a copy, or write it anew (etn never edits your folder)."
+            result.damaged.append(Damage(folder, str(err), fix))
 
 
 def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], str]]:

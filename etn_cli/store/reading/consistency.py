@@ -22,6 +22,7 @@ from etn_cli.store.writing.manifest import MANIFEST_NAME, load_manifest
 from etn_cli.store.writing.shardfile import inspect_shard, list_shard_files, open_shard
 
 FIX_SAME_MODEL = "Point every split at features of one model (re-extract the odd one)."
+CALIBRATION = "conformal calibration set"
 
 
 @dataclass(frozen=True)
@@ -80,18 +81,34 @@ def split_labels(info: SplitInfo) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def check_splits(adapt: Path, test: Path, ood: dict[str, Path]) -> None:
-    """The adaptation, test and OOD splits can be used together; one EtnError line if not."""
+def check_splits(
+    adapt: Path, test: Path, ood: dict[str, Path], calibration: Path | None = None
+) -> None:
+    """The adaptation, test, OOD and conformal calibration splits can be used together; one
+    EtnError line if not."""
     infos = [split_info("adaptation set", adapt), split_info("ID test set", test)]
     infos += [split_info(f"OOD set {name!r}", path) for name, path in ood.items()]
-    check_split_infos(infos, split_labels(infos[0]), split_labels(infos[1]))
+    own = None
+    if calibration is not None:
+        own = split_info(CALIBRATION, calibration)
+        own = (own, split_labels(own))
+    check_split_infos(infos, split_labels(infos[0]), split_labels(infos[1]), own)
 
 
-def check_split_infos(infos: list[SplitInfo], adapt: np.ndarray, test: np.ndarray) -> None:
+def check_split_infos(
+    infos: list[SplitInfo],
+    adapt: np.ndarray,
+    test: np.ndarray,
+    calibration: tuple[SplitInfo, np.ndarray] | None = None,
+) -> None:
     """:func:`check_splits` on what is known of the splits (adaptation, test, then the OOD
-    sets) and the adaptation and test labels, wherever they come from (a feature file about to
-    be imported is checked before it is written)."""
+    sets) and the adaptation, test and calibration labels, wherever they come from (a feature
+    file about to be imported is checked before it is written). Calibration labels are checked
+    as the adaptation labels are: a row without one (-1) would be scored as if its top class
+    were right, and the sets would miss their coverage."""
     first = infos[0]
+    if calibration is not None:
+        infos = [*infos, calibration[0]]
     for info in infos:
         if info.rows == 0:
             raise EtnError(
@@ -99,8 +116,10 @@ def check_split_infos(infos: list[SplitInfo], adapt: np.ndarray, test: np.ndarra
                 "Check the dataset split, or remove it from the pipeline."
             )
         _check_same_source(first, info)
-    _check_labels(infos[0], adapt, need_two=False)
-    _check_labels(infos[1], test, need_two=True)
+    check_labels(infos[0], adapt, need_two=False)
+    check_labels(infos[1], test, need_two=True)
+    if calibration is not None:
+        check_labels(*calibration, need_two=False)
 
 
 def _check_same_source(first: SplitInfo, info: SplitInfo) -> None:
@@ -118,8 +137,14 @@ def _check_same_source(first: SplitInfo, info: SplitInfo) -> None:
         )
 
 
-def _check_labels(info: SplitInfo, labels: np.ndarray, need_two: bool) -> None:
+def check_labels(info: SplitInfo, labels: np.ndarray, need_two: bool) -> None:
+    """Every label a class of the logits (none missing, -1), and two classes if ``need_two``."""
     c = info.num_classes
+    if len(labels) and labels.min() == -1 and (labels == -1).all():
+        raise EtnError(
+            f"The {info.role} at {info.path} has no labels (all {len(labels)} rows are -1); "
+            f"expected one class index in 0..{c - 1} per row. Point it at a labelled split."
+        )
     if len(labels) and (labels.min() < 0 or labels.max() >= c):
         raise EtnError(
             f"Labels of the {info.role} lie in {labels.min()}..{labels.max()}, but the logits "

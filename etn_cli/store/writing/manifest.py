@@ -153,6 +153,20 @@ def _check_top_level(manifest: Any, path: Path) -> None:
                 f"Manifest {path} has a shard entry {entry!r}; expected file, rows and sha256. "
                 "Regenerate it with etn_cli.store.reading.reader.write_manifest."
             )
+        if not is_plain_name(entry["file"]):
+            raise EtnError(
+                f"Manifest {path} names shard {entry['file']!r}; expected a file name inside "
+                "its folder (no path, '..' or separator). Delete the split folder and run etn "
+                "extract again."
+            )
+
+
+def is_plain_name(name: Any) -> bool:
+    """A file name that stays in its folder: a string with no separator, not '.' or '..',
+    not absolute, no NUL."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "\0" in name:
+        return False
+    return "/" not in name and "\\" not in name and not Path(name).is_absolute()
 
 
 def shard_unchanged(path: Path, entry: dict[str, Any]) -> bool:
