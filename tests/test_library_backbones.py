@@ -52,7 +52,7 @@ def timm_backbone(tmp_path: Path, **options):
     from etn_cli.backbones.settings import TimmConfig
     from etn_cli.backbones.timm_model import TimmBackbone
 
-    defaults = {"weights": "none", "num_classes": 3}
+    defaults = {"num_classes": 3} | ({} if "checkpoint" in options else {"weights": "none"})
     return TimmBackbone(TimmConfig(**(defaults | options)), tmp_path)
 
 
@@ -161,7 +161,7 @@ def test_timm_errors_name_the_model_the_file_and_how_to_get_them(
         timm_backbone(
             tmp_path, model="test_vit", weights="pretrained", checkpoint="nope.safetensors"
         )
-    with pytest.raises(EtnError, match="classifier = 'blocks.0' names Sequential"):
+    with pytest.raises(EtnError, match="classifier_layer = 'blocks' names Sequential"):
         timm_backbone(tmp_path, model="test_vit", classifier="blocks")
 
 
@@ -267,7 +267,7 @@ def test_hf_errors_say_what_is_missing_and_how_to_get_it(
     with pytest.raises(EtnError, match="no preprocessor_config.json"):
         hf_backbone(tmp_path, folder)
     folder = standins.write_hf_image(tmp_path / "again")
-    with pytest.raises(EtnError, match="classifier = 'vit.layernorm' names LayerNorm"):
+    with pytest.raises(EtnError, match="classifier_layer = 'vit.layernorm' names LayerNorm"):
         hf_backbone(tmp_path, folder, classifier="vit.layernorm")
     with pytest.raises(EtnError, match="not the output of layer 'vit.layers.1.mlp.fc2'"):
         hf_backbone(tmp_path, folder, classifier="vit.layers.1.mlp.fc2").forward(
