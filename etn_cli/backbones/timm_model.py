@@ -66,10 +66,18 @@ class TimmBackbone(ImageBackbone):
         check_model_name(config.model)
         self.source = weights_source(config)
         self._model: nn.Module | None = None
-        skeleton = self.create(device="meta")  # names and preprocessing, without weights
+        skeleton = self.skeleton()  # names and preprocessing, without weights
         self.transform = timm_transform(skeleton, config.img_size)
         classifier_name(skeleton, config.classifier)
         named_layers(skeleton, config.layers)
+
+    def skeleton(self) -> nn.Module:
+        """The architecture on the meta device (no memory), or on the CPU for models whose
+        initialisation reads values (timm before 1.0.1x: ViT's drop-path rates)."""
+        try:
+            return self.create(device="meta")
+        except (RuntimeError, NotImplementedError):
+            return self.create()
 
     def create(self, device: str = "cpu") -> nn.Module:
         """``timm.create_model`` without pretrained weights, under the configured seed."""
