@@ -360,3 +360,14 @@ def test_predict_reads_image_files_with_either_backbone(run: Path, pipeline: str
     assert [c for c in frame.columns if c.startswith("prob_")] == [
         f"prob_{name}" for name in standins.CLASSES
     ]
+
+
+def test_the_vit_b16_pipeline_is_openood_imagenet_with_another_backbone() -> None:
+    from etn_cli.planning.pipeline import load_pipeline
+
+    vit = load_pipeline(REPO / "pipelines" / "imagenet_vit_b16.toml")
+    resnet = load_pipeline(REPO / "pipelines" / "openood_imagenet.toml")
+    expected = {"model": "vit_b_16", "weights": "IMAGENET1K_V1", "dtype": "auto"}
+    assert vit.backbone_options == expected
+    assert vit.data == resnet.data
+    assert [h.name for h in vit.heads] == [h.name for h in resnet.heads]
