@@ -190,6 +190,14 @@ def convnext_folder(folder: Path) -> Path:
     return folder
 
 
+def first_block(model: torch.nn.Module) -> str:
+    """The first block of a ViT or the first stage of a ConvNeXt, by the names of this
+    transformers version (ViT: vit.layers.0; vit.encoder.layer.0 in 5.0)."""
+    names = dict(model.named_modules())
+    candidates = ("vit.layers.0", "vit.encoder.layer.0", "convnext.encoder.stages.0")
+    return next(name for name in candidates if name in names)
+
+
 def hf_backbone(tmp_path: Path, model: Path, **options):
     from etn_cli.backbones.hf_image import HFImageBackbone
     from etn_cli.backbones.settings import HFImageConfig
@@ -204,9 +212,10 @@ def test_hf_features_are_the_models_own_outputs_on_its_processors_images(
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     if kind == "vit":
-        folder, layer = standins.write_hf_image(tmp_path), "vit.layers.0"
+        folder = standins.write_hf_image(tmp_path)
     else:
-        folder, layer = convnext_folder(tmp_path / "convnext"), "convnext.encoder.stages.0"
+        folder = convnext_folder(tmp_path / "convnext")
+    layer = first_block(hf_backbone(tmp_path, folder).model)
     backbone = hf_backbone(tmp_path, folder, layers=(layer,))
     hidden, logits, layers = extract(backbone, images())
     processor = AutoImageProcessor.from_pretrained(folder)
@@ -269,10 +278,10 @@ def test_hf_errors_say_what_is_missing_and_how_to_get_it(
     folder = standins.write_hf_image(tmp_path / "again")
     with pytest.raises(EtnError, match="classifier_layer = 'vit.layernorm' names LayerNorm"):
         hf_backbone(tmp_path, folder, classifier="vit.layernorm")
-    with pytest.raises(EtnError, match="not the output of layer 'vit.layers.1.mlp.fc2'"):
-        hf_backbone(tmp_path, folder, classifier="vit.layers.1.mlp.fc2").forward(
-            torch.zeros(1, 3, 32, 32)
-        )
+    model = hf_backbone(tmp_path, folder).model
+    inner = next(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    with pytest.raises(EtnError, match=f"not the output of layer '{inner}'"):
+        hf_backbone(tmp_path, folder, classifier=inner).forward(torch.zeros(1, 3, 32, 32))
 
 
 # -- the examples, through the entry point ---------------------------------------------------
