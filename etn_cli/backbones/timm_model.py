@@ -73,7 +73,7 @@ class TimmBackbone(ImageBackbone):
 
     def skeleton(self) -> nn.Module:
         """The architecture on the meta device (no memory), or on the CPU for models whose
-        initialisation reads values (timm before 1.0.1x: ViT's drop-path rates)."""
+        initialisation reads tensor values (timm 1.0.9's ViT)."""
         try:
             return self.create(device="meta")
         except (RuntimeError, NotImplementedError):
@@ -110,8 +110,10 @@ class TimmBackbone(ImageBackbone):
                 model = self.create()
                 path = self.source.get("path")
                 if path is not None:
-                    path = Path(path)
-                    tvw.load_strict(model, fit_classes(model, tvw.read_state_dict(path)), path)
+                    path, state = Path(path), tvw.read_state_dict(Path(path))
+                    if self.config.num_classes is None:  # the checkpoint's classes, then
+                        fit_classes(model, state)
+                    tvw.load_strict(model, state, path)
                 self._model = model.to(self.device).eval()
             self.head_name, self.head = classifier_name(model, self.config.classifier)
             self.layer_modules = named_layers(model, self.config.layers)
@@ -217,13 +219,12 @@ def classifier_name(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]
     return find_classifier(model, name)
 
 
-def fit_classes(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fit_classes(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """A checkpoint with another number of classes resets the model's classifier to it."""
-    name = next(n for n, m in model.named_modules() if m is model.get_classifier())
-    weight = state.get(f"{name}.weight")
+    found = [n for n, m in model.named_modules() if m is model.get_classifier()]
+    weight = state.get(f"{found[0]}.weight") if found else None
     if weight is not None and weight.ndim == 2 and weight.shape[0] != model.num_classes:
         model.reset_classifier(int(weight.shape[0]))
-    return state
 
 
 def timm_transform(model: nn.Module, img_size: int | tuple[int, ...] | None) -> LibraryTransform:
