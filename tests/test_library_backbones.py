@@ -380,3 +380,17 @@ def test_the_vit_b16_pipeline_is_openood_imagenet_with_another_backbone() -> Non
     assert vit.backbone_options == expected
     assert vit.data == resnet.data
     assert [h.name for h in vit.heads] == [h.name for h in resnet.heads]
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_the_python_api_wraps_either_backbone_as_extract_stores_it(
+    run: Path, pipeline: str
+) -> None:
+    import etn_cli
+
+    model = etn_cli.EvidentialModel.from_pipeline(run / pipeline, head="map", data_dir=run / "data")
+    features = stored_test_split(run, pipeline)
+    pictures = id_test_images(run)
+    out = model([pictures[i] for i in features.index[:4]])
+    np.testing.assert_allclose(out.hidden, features.hidden[:4], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(out.logits, features.logits[:4], atol=1e-4, rtol=1e-4)
