@@ -394,3 +394,34 @@ def test_the_python_api_wraps_either_backbone_as_extract_stores_it(
     out = model([pictures[i] for i in features.index[:4]])
     np.testing.assert_allclose(out.hidden, features.hidden[:4], atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(out.logits, features.logits[:4], atol=1e-4, rtol=1e-4)
+
+
+def test_timm_pretrained_weights_come_from_the_hugging_face_cache_by_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache laid out as ``hf download`` leaves it: refs/main names the snapshot."""
+    import huggingface_hub.constants
+    from safetensors.torch import save_file
+
+    cache, commit = tmp_path / "hub", "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--timm--test_vit.r160_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    source = timm_backbone(tmp_path, model="test_vit", num_classes=1000, seed=3)
+    save_file(source.model.state_dict(), str(repo / "snapshots" / commit / "model.safetensors"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    backbone = timm_backbone(
+        tmp_path, model="test_vit.r160_in1k", weights="pretrained", num_classes=None
+    )
+    weights = backbone.fingerprint()["weights"]
+    assert weights == {
+        "weights": "pretrained",
+        "repo_id": "timm/test_vit.r160_in1k",
+        "file": "model.safetensors",
+        "commit": commit,
+    }
+    assert backbone.transform.describe()["input_size"] == [3, 160, 160]  # its pretrained config
+    for name, value in source.model.state_dict().items():
+        assert torch.equal(backbone.model.state_dict()[name], value), name
