@@ -178,7 +178,9 @@ class EvidentialModel(nn.Module):
             )
         if not isinstance(getattr(backbone, "model", None), nn.Module):
             raise EtnError(f"Backbone {backbone.name!r} exposes no torch module to wrap.")
-        if backbone.name == "torchvision":  # its own forward: TorchScript, features, autocast
+        from etn_cli.backbones.image_backbone import ImageBackbone
+
+        if isinstance(backbone, ImageBackbone):  # its own forward: hooks, TorchScript, autocast
             from etn_cli.backbones.torchvision_module import BackboneFeatures
 
             return cls(BackboneFeatures(backbone), head)

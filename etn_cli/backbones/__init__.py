@@ -11,7 +11,9 @@ from __future__ import annotations
 from etn_cli.backbones.settings import (
     CausalLMConfig,
     DigitsCNNConfig,
+    HFImageConfig,
     LoraSettings,
+    TimmConfig,
     TorchvisionConfig,
     TorchvisionFinetuneConfig,
 )
@@ -22,6 +24,8 @@ BACKBONES: dict[str, tuple[str, type, type | None]] = {
     "digits_cnn": ("digits_cnn", DigitsCNNConfig, None),
     "torchvision": ("torchvision_model", TorchvisionConfig, TorchvisionFinetuneConfig),
     "hf_causal_lm": ("hf_lm", CausalLMConfig, LoraSettings),
+    "timm": ("timm_model", TimmConfig, None),
+    "hf_image": ("hf_image", HFImageConfig, None),
 }
 
 backbones: Registry = Registry(

@@ -49,8 +49,9 @@ class ModelLocation:
         return self.repo_id or str(self.folder)
 
 
-def locate_model(model: str, revision: str | None) -> ModelLocation:
-    """A local folder if one exists at ``model``, otherwise a hub id resolved in the cache."""
+def locate_model(model: str, revision: str | None, download: bool | None = None) -> ModelLocation:
+    """A local folder if one exists at ``model``, otherwise a hub id resolved in the cache:
+    fetched from the hub unless it is off (``download`` None), or only with ``download``."""
     path = Path(model).expanduser()
     if path.is_dir():
         if revision is not None:
@@ -65,12 +66,13 @@ def locate_model(model: str, revision: str | None) -> ModelLocation:
             "Point model at a folder with config.json and *.safetensors, or use an id such as "
             "'meta-llama/Llama-3.1-8B'."
         )
-    folder = hub_snapshot(model, revision)
+    folder = hub_snapshot(model, revision, download)
     return ModelLocation(model, folder, model, folder.name)
 
 
-def hub_snapshot(repo_id: str, revision: str | None) -> Path:
-    """The cache snapshot folder of ``repo_id`` at ``revision`` with its small files."""
+def hub_snapshot(repo_id: str, revision: str | None, download: bool | None = None) -> Path:
+    """The cache snapshot folder of ``repo_id`` at ``revision`` with its small files, from the
+    cache alone when the hub is off or ``download`` is False."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -87,14 +89,16 @@ def hub_snapshot(repo_id: str, revision: str | None) -> Path:
                 repo_id,
                 revision=revision,
                 allow_patterns=SMALL_FILES,
-                local_files_only=is_offline(),
+                local_files_only=is_offline() or download is False,
             )
         )
     except LocalEntryNotFoundError:
+        why = "download is false" if download is False else "the hub is off or unreachable"
+        hint = ", set download = true in [backbone]," if download is False else ""
         raise EtnError(
-            f"Model {at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and the hub "
-            f"is off or unreachable. Run `hf download {repo_id}` where there is internet (same "
-            "HF_HOME), or set model to a local folder."
+            f"Model {at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}. "
+            f"Run `hf download {repo_id}` where there is internet (same HF_HOME){hint} or set "
+            "model to a local folder."
         ) from None
     except GatedRepoError:
         raise EtnError(
@@ -112,7 +116,9 @@ def hub_snapshot(repo_id: str, revision: str | None) -> Path:
         raise EtnError(f"The Hugging Face hub refused {at}: {err}. Try again later.") from None
 
 
-def read_model_config(location: ModelLocation, trust_remote_code: bool) -> dict[str, Any]:
+def read_model_config(
+    location: ModelLocation, trust_remote_code: bool, kind: str = "causal LM"
+) -> dict[str, Any]:
     """``config.json``, refusing models that need their repository's code unless trusted."""
     path = location.folder / "config.json"
     if not path.is_file():
@@ -136,7 +142,7 @@ def read_model_config(location: ModelLocation, trust_remote_code: bool) -> dict[
         )
     raise EtnError(
         f"Model {location.name} has model_type {model_type!r}, which transformers {__version__} "
-        "does not know. Upgrade transformers or use a supported causal LM."
+        f"does not know. Upgrade transformers or use a supported {kind}."
     )
 
 

@@ -1,4 +1,4 @@
-"""Image preprocessing and batching for the torchvision backbone.
+"""Image preprocessing and batching for the image backbones.
 
 :class:`ImageTransform` applies, in order: resize (shorter side to ``resize``), center crop to
 ``crop``, conversion to float in [0, 1], and normalisation ``(x - mean) / std`` per channel.
@@ -14,10 +14,16 @@ GPU) and the backbone runs the last two on whole batches on its device
 (:meth:`ImageTransform.normalize`), as timm's prefetching loader and DALI do. The values are
 the same as one per-image transform's, bit for bit: the same elementwise operations in the same
 order (``tests/test_vision.py``).
+
+:class:`LibraryTransform` gives the same two steps to preprocessing a library defines for its
+models (timm's ``create_transform``, a Hugging Face image processor), which etn calls as it is
+rather than re-reading its settings.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -131,11 +137,65 @@ class ImageTransform:
         return torch.tensor(self.spec.std).view(1, -1, 1, 1)  # (1, 3, 1, 1)
 
 
+class LibraryTransform:
+    """A library's own preprocessing behind :class:`ImageTransform`'s interface: ``steps``
+    turns an image into a (3, H, W) tensor, uint8 pixels that :meth:`normalize` scales to
+    [0, 1] and normalises with ``mean`` / ``std`` on the batch's device (timm's prefetcher
+    path), or, with ``normalized``, the model's finished input (a Hugging Face processor).
+    ``size`` is the fixed (width, height) of every output, or None: probed per input size."""
+
+    def __init__(
+        self,
+        steps: Callable[[Any], Any],
+        record: dict[str, Any],
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        size: tuple[int, int] | None = None,
+        normalized: bool = False,
+    ) -> None:
+        self.steps, self.record, self.size, self.normalized = steps, record, size, normalized
+        self.mean, self.stds = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        return self.normalize(self.pixels(image))  # (3, H, W)
+
+    def describe(self) -> dict[str, Any]:
+        return self.record
+
+    def pixels(self, image: Any) -> torch.Tensor:
+        if hasattr(image, "convert") and getattr(image, "mode", "RGB") != "RGB":
+            image = image.convert("RGB")
+        out = self.steps(image)
+        return torch.from_numpy(np.ascontiguousarray(out)) if isinstance(out, np.ndarray) else out
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        if self.normalized:
+            return pixels.float()
+        from torchvision.transforms import functional as F
+
+        x = F.convert_image_dtype(pixels, torch.float)
+        return F.normalize(x, mean=list(self.mean), std=list(self.stds))
+
+    def std(self) -> torch.Tensor:
+        return torch.tensor(self.stds).view(1, -1, 1, 1)  # (1, 3, 1, 1)
+
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """The (width, height) of :meth:`pixels` for an image of this size."""
+        return self.size or self._probed(width, height)
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one transform per process
+    def _probed(self, width: int, height: int) -> tuple[int, int]:
+        from PIL import Image
+
+        shape = self.pixels(Image.new("RGB", (width, height))).shape  # (3, H, W)
+        return int(shape[-1]), int(shape[-2])
+
+
 class TransformedImages(Dataset):
     """``(pixels, label, index)`` of a split (:meth:`ImageTransform.pixels`, not yet
     normalised): the index travels with its sample."""
 
-    def __init__(self, data: Dataset, index: np.ndarray, transform: ImageTransform) -> None:
+    def __init__(self, data: Dataset, index: np.ndarray, transform: Any) -> None:
         self.data, self.index, self.transform = data, index, transform
 
     def __len__(self) -> int:

@@ -104,19 +104,7 @@ class TorchvisionConfig:
             raise EtnError(f"num_classes must be at least 2, got {self.num_classes}.")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise EtnError(f"dropout must lie in [0, 1), got {self.dropout}. Fix it.")
-        if self.odin_temperature <= 0 or self.odin_epsilon < 0:
-            raise EtnError(
-                f"torchvision config expects odin_temperature > 0 and odin_epsilon >= 0, found "
-                f"{self.odin_temperature} and {self.odin_epsilon}. Fix them in the pipeline file."
-            )
-        repeated = sorted({name for name in self.layers if self.layers.count(name) > 1})
-        if repeated:
-            raise EtnError(f"layers lists {repeated} more than once. List each layer once.")
-        if "odin" in self.layers:
-            raise EtnError(
-                "layers may not contain 'odin': extract stores ODIN's logits under that name. "
-                "Remove it (odin = true asks for them)."
-            )
+        check_image_extras(self, "torchvision")
         if self.classifier and self.classifier_layer:
             raise EtnError("Give classifier or classifier_layer (its earlier name), not both.")
         if self.checkpoint and self.weights not in ("DEFAULT", "none"):
@@ -128,6 +116,88 @@ class TorchvisionConfig:
     @property
     def head_layer(self) -> str | None:
         return self.classifier or self.classifier_layer
+
+
+def check_image_extras(config: Any, backbone: str) -> None:
+    """The ``layers`` and ``odin`` options every image backbone shares."""
+    if config.odin_temperature <= 0 or config.odin_epsilon < 0:
+        raise EtnError(
+            f"{backbone} config expects odin_temperature > 0 and odin_epsilon >= 0, found "
+            f"{config.odin_temperature} and {config.odin_epsilon}. Fix them in the pipeline file."
+        )
+    repeated = sorted({name for name in config.layers if config.layers.count(name) > 1})
+    if repeated:
+        raise EtnError(f"layers lists {repeated} more than once. List each layer once.")
+    if "odin" in config.layers:
+        raise EtnError(
+            "layers may not contain 'odin': extract stores ODIN's logits under that name. "
+            "Remove it (odin = true asks for them)."
+        )
+
+
+@dataclass(frozen=True)
+class TimmConfig:
+    """Options of the ``timm`` backbone; every field except ``download`` changes the
+    fingerprint. Preprocessing is the model's own pretrained config (``img_size`` changes its
+    input size); ``token_pool`` says how 3-D token outputs of ``layers`` are pooled."""
+
+    model: str = ""  # a timm.list_models() name, with or without its pretrained tag
+    weights: Literal["pretrained", "none"] = "pretrained"  # "none": random init under seed
+    checkpoint: str | None = None  # a state dict of model: .safetensors or torch.save
+    num_classes: int | None = None  # with weights = "none" or a checkpoint
+    img_size: int | tuple[int, ...] | None = None  # the model's input size (H, W), if not its own
+    seed: int = 0
+    download: bool = False  # fetch pretrained weights missing from the Hugging Face cache
+    dtype: DtypeName = "auto"
+    classifier: str | None = None  # the final linear layer (default: model.get_classifier())
+    layers: tuple[str, ...] = ()
+    token_pool: Literal["class", "mean"] = "class"
+    odin: bool = False
+    odin_temperature: float = 1000.0
+    odin_epsilon: float = 0.0014
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise EtnError(
+                'timm needs model = "<name>" in [backbone], e.g. model = '
+                '"vit_base_patch16_224.augreg2_in21k_ft_in1k" (see timm.list_models()).'
+            )
+        if self.num_classes is not None and self.num_classes < 2:
+            raise EtnError(f"num_classes must be at least 2, got {self.num_classes}.")
+        size = (self.img_size,) if isinstance(self.img_size, int) else self.img_size or (1, 1)
+        if len(size) not in (1, 2) or min(size) < 1:
+            raise EtnError(f"img_size expects N or [H, W] > 0, got {self.img_size}. Fix it.")
+        if self.checkpoint and self.weights != "pretrained":
+            raise EtnError(
+                f"Give weights = 'none' or checkpoint, not both (found checkpoint = "
+                f"{self.checkpoint!r}). A file of your own goes in checkpoint."
+            )
+        check_image_extras(self, "timm")
+
+
+@dataclass(frozen=True)
+class HFImageConfig:
+    """Options of the ``hf_image`` backbone (``AutoModelForImageClassification`` with its
+    ``AutoImageProcessor``); every field except ``download`` changes the fingerprint."""
+
+    model: str = ""  # a local folder or a hub id ("google/vit-base-patch16-224")
+    revision: str | None = None  # hub branch, tag or commit
+    download: bool = False  # fetch a hub model missing from the Hugging Face cache
+    dtype: DtypeName = "auto"
+    classifier: str | None = None  # the final linear layer (default: in model.classifier)
+    layers: tuple[str, ...] = ()
+    token_pool: Literal["class", "mean"] = "class"
+    odin: bool = False
+    odin_temperature: float = 1000.0
+    odin_epsilon: float = 0.0014
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise EtnError(
+                'hf_image needs model = "<hub id or folder>" in [backbone], e.g. '
+                'model = "google/vit-base-patch16-224".'
+            )
+        check_image_extras(self, "hf_image")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 The hidden state is the input of the final classifier layer (a forward pre-hook on it), and
 ``layers`` are the outputs of named modules (forward hooks), pooled to one vector per sample
 for the Dirichlet meta-model: 4-D (B, C, H, W) outputs are averaged over H and W, 2-D (B, D)
-outputs are kept. The hooks live only for one forward pass.
+outputs are kept, and 3-D (B, N, D) token outputs of transformers (timm, Hugging Face) become
+their class token or the mean of their patch tokens (:class:`TokenPooling`). A module that
+returns a tuple (Hugging Face layers) gives its first element. The hooks live only for one
+forward pass.
 """
 
 from __future__ import annotations
@@ -57,12 +60,35 @@ def named_layers(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Modul
     return {name: modules[name] for name in names}
 
 
-def pool(output: torch.Tensor, name: str) -> torch.Tensor:
-    """One vector per sample: 4-D (B, C, H, W) outputs averaged over H, W; 2-D kept."""
+@dataclass(frozen=True)
+class TokenPooling:
+    """How a (B, N, D) token output becomes (B, D): ``"class"`` takes token 0 (the class
+    token, what a ViT's classifier reads), ``"mean"`` averages the patch tokens, the tokens
+    after the model's ``prefix`` class and register tokens."""
+
+    mode: str  # "class" or "mean"
+    prefix: int  # class and register tokens in front of the patch tokens
+
+    def __call__(self, output: torch.Tensor, name: str) -> torch.Tensor:
+        if self.mode == "mean":
+            return output[:, self.prefix :].float().mean(dim=1)  # (B, D)
+        if self.prefix < 1:
+            raise EtnError(
+                f"Layer {name!r} outputs tokens (B, N, D) but the model has no class token; "
+                'set token_pool = "mean" in [backbone] to average them.'
+            )
+        return output[:, 0].float()  # (B, D)
+
+
+def pool(output: torch.Tensor, name: str, tokens: TokenPooling | None = None) -> torch.Tensor:
+    """One vector per sample: 4-D (B, C, H, W) outputs averaged over H, W; 2-D kept; 3-D token
+    outputs pooled by ``tokens`` (refused without)."""
     if output.ndim == 4:
         return output.float().mean(dim=(2, 3))  # (B, C)
     if output.ndim == 2:
         return output.float()  # (B, D)
+    if output.ndim == 3 and tokens is not None:
+        return tokens(output, name)  # (B, D)
     raise EtnError(
         f"Layer {name!r} outputs shape {tuple(output.shape)}; only 2-D (B, D) and 4-D "
         "(B, C, H, W) outputs can be stored. Pick another layer."
@@ -82,10 +108,13 @@ class Captured:
 
 @contextlib.contextmanager
 def capture(
-    head: nn.Module, layers: dict[str, nn.Module], features: nn.Module | None = None
+    head: nn.Module,
+    layers: dict[str, nn.Module],
+    features: nn.Module | None = None,
+    tokens: TokenPooling | None = None,
 ) -> Iterator[Captured]:
     """Hooks on ``head``, ``layers`` (and the ``features`` module) for the duration of the
-    block; removed afterwards."""
+    block; removed afterwards. ``tokens`` pools 3-D layer outputs."""
     seen = Captured()
 
     def features_output(module: nn.Module, args: Any, output: Any) -> None:
@@ -99,14 +128,16 @@ def capture(
         seen.head_output = output
 
     def layer_hook(name: str):
-        def hook(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if isinstance(output, (tuple, list)) and output:
+                output = output[0]  # (hidden states, attentions, ...) of Hugging Face layers
             if not isinstance(output, torch.Tensor):
                 raise EtnError(
                     f"Layer {name!r} returns a {type(output).__name__}, not a tensor. "
                     "Pick a layer whose output is one tensor."
                 )
             # pool now: a later in-place operation cannot alter the stored values
-            seen.layers[name] = pool(output, name)
+            seen.layers[name] = pool(output, name, tokens)
 
         return hook
 

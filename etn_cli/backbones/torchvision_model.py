@@ -19,7 +19,9 @@ Preprocessing: the weights' own ``transforms()`` where they exist, else the docu
 of :mod:`etn_cli.backbones.image_inputs`. The model is loaded lazily: planning a pipeline only
 resolves names, checks files and computes the fingerprint.
 
-Extract-time extras (``Backbone.extract_batch``), with the same meaning as for ``digits_cnn``:
+The forward pass, batches, extras and classifier are those of every image backbone
+(:mod:`etn_cli.backbones.image_backbone`). Extract-time extras (``Backbone.extract_batch``),
+with the same meaning as for ``digits_cnn``:
 
 * ``layers``: module names (``model.named_modules()``) stored as ``layers/<name>``, 4-D outputs
   averaged over H, W, 2-D outputs as they are (for the Dirichlet meta-model);
@@ -30,28 +32,20 @@ Extract-time extras (``Backbone.extract_batch``), with the same meaning as for `
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from etn_cli.backbones import own_model
 from etn_cli.backbones import torchvision_weights as tvw
-from etn_cli.backbones.base import Backbone, backbones
-from etn_cli.backbones.image_inputs import (
-    ImageTransform,
-    TransformedImages,
-    collate_images,
-    override,
-)
-from etn_cli.backbones.precision import DTYPES, resolve_dtype
+from etn_cli.backbones.base import backbones
+from etn_cli.backbones.image_backbone import ImageBackbone
+from etn_cli.backbones.image_inputs import ImageTransform, override
+from etn_cli.backbones.precision import resolve_dtype
 from etn_cli.backbones.settings import TorchvisionConfig as Config
 from etn_cli.backbones.settings import TorchvisionFinetuneConfig as FinetuneConfig
-from etn_cli.backbones.torchvision_hooks import capture, check_head, find_classifier, named_layers
+from etn_cli.backbones.torchvision_hooks import find_classifier, named_layers
 from etn_cli.datasets.base import Split
 from etn_cli.errors import EtnError, require_extra
 
@@ -59,7 +53,7 @@ CODE_VERSION = "1"  # bump whenever extraction or fine-tuning changes for the sa
 
 
 @backbones.register("torchvision")
-class TorchvisionBackbone(Backbone):
+class TorchvisionBackbone(ImageBackbone):
     """A torchvision classifier behind the backbone interface (see the module docstring)."""
 
     name = "torchvision"
@@ -131,12 +125,6 @@ class TorchvisionBackbone(Backbone):
     def builder_options(self) -> dict[str, Any]:
         return {} if self.config.dropout is None else {"dropout": self.config.dropout}
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast in the resolved dtype (torch's CPU autocast for half precision on a CPU)."""
-        if self.dtype == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=DTYPES[self.dtype])
-
     def fingerprint(self) -> dict[str, Any]:
         import torchvision
 
@@ -156,123 +144,19 @@ class TorchvisionBackbone(Backbone):
             "code_version": CODE_VERSION,
         }
 
-    @property
-    def num_classes(self) -> int:
-        return own_model.linear_shape(self.final_layer())[1]
-
-    @property
-    def hidden_size(self) -> int:
-        return own_model.linear_shape(self.final_layer())[0]
-
-    def final_layer(self) -> torch.nn.Linear:
-        self.model  # noqa: B018 - builds the model, which sets self.head
-        return self.head
-
-    # -- batches ----------------------------------------------------------------------------
-
-    def loader(
-        self, split: Split, batch_size: int, workers: int = 0, pin_memory: bool = False
-    ) -> DataLoader:
-        """``(pixels (B, 3, H, W), labels (B,), index (B,))`` batches of ``split`` in order,
-        resized and cropped in ``workers`` processes, in pinned memory when asked (CUDA);
-        :meth:`extract_batch` and :meth:`forward` normalise them on the device
-        (:meth:`prepare`)."""
-        data = TransformedImages(split.data, split.index, self.transform)
-        return DataLoader(
-            data,
-            batch_size=batch_size,
-            shuffle=False,
-            num_workers=workers,
-            pin_memory=pin_memory,
-            collate_fn=collate_images,
-            persistent_workers=False,
-        )
-
-    def batches(
-        self, split: Split, batch_size: int
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        yield from self.loader(split, batch_size)
-
     # -- forward ----------------------------------------------------------------------------
 
     def run(
         self, x: torch.Tensor, with_layers: bool
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """One forward pass: ``(hidden (B, D), logits (B, C), pooled layers)``, float32."""
-        model = self.model
-        if self.scripted is not None:
-            with self.autocast():
-                hidden, logits = self.scripted(x)  # (B, D), (B, C)
-            return hidden.float(), logits.float(), {}
-        layers = self.layer_modules if with_layers else {}
-        with capture(self.head, layers, self.features_module) as seen, self.autocast():
-            logits = model(x)  # (B, C)
-        hidden = check_head(seen, logits, self.head_name)  # (B, D)
-        if self.features_module is not None:
-            own_model.features_output(seen.features, hidden, self.config.features, self.head_name)
-        return hidden.float(), logits.float(), seen.layers
-
-    def prepare(self, pixels: torch.Tensor) -> torch.Tensor:
-        """A batch of the loader's pixels (B, 3, H, W) on the device, normalised there."""
-        return self.transform.normalize(pixels.to(self.device, non_blocking=True))
-
-    @torch.inference_mode()
-    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, logits, _ = self.run(self.prepare(inputs), with_layers=False)
-        return hidden.cpu(), logits.cpu()
-
-    def extract_batch(
-        self, inputs: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """``hidden``, ``logits``, the pooled ``layers`` and, with ``odin``, ODIN's logits of
-        a batch of the loader's pixels."""
-        with torch.no_grad():  # an ordinary tensor, which ODIN differentiates
-            x = self.prepare(inputs)
-        with torch.inference_mode():
-            hidden, logits, extras = self.run(x, with_layers=True)
-        if self.config.odin:
-            extras["odin"] = self.odin_logits(x)
-        return hidden.cpu(), logits.cpu(), {k: v.cpu() for k, v in extras.items()}
-
-    def start_batch(self, inputs: torch.Tensor):
-        """:meth:`extract_batch` queued on the GPU, its outputs copied back into pinned host
-        memory without waiting; ODIN's gradient pass (and the CPU) run it at once."""
-        if self.device.type != "cuda" or self.config.odin:
-            return super().start_batch(inputs)
-        with torch.inference_mode():
-            hidden, logits, extras = self.run(self.prepare(inputs), with_layers=True)
-            host = [t.to("cpu", non_blocking=True) for t in (hidden, logits, *extras.values())]
-        copied = torch.cuda.Event()
-        copied.record()
-
-        def outputs() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-            copied.synchronize()
-            return host[0], host[1], dict(zip(extras, host[2:], strict=True))
-
-        return outputs
-
-    def odin_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """ODIN's scaled logits at the perturbed input (Liang et al. 2018, Eq. 2), (B, C):
-        ``x' = x - eps * sign(-grad_x log S_yhat(x; T)) / std``, ``S = softmax(f(x) / T)``,
-        ``yhat = argmax f(x)``; returns ``f(x') / T``. ``x`` is the normalised input."""
-        t, eps = self.config.odin_temperature, self.config.odin_epsilon
-        x = x.detach().clone().requires_grad_(True)
-        with torch.enable_grad(), self.autocast():
-            scaled = self.model(x).float() / t  # (B, C)
-        log_s = F.log_softmax(scaled, dim=1)
-        top = log_s.gather(1, scaled.argmax(dim=1, keepdim=True)).sum()
-        (grad,) = torch.autograd.grad(top, x)  # (B, 3, H, W)
-        step = eps * torch.sign(-grad) / self.transform.std().to(x.device)
-        with torch.inference_mode(), self.autocast():
-            return (self.model(x.detach() - step).float() / t).float()  # (B, C)
-
-    def classifier(self) -> dict[str, torch.Tensor]:
-        layer = self.final_layer()
-        bias = layer.bias if layer.bias is not None else torch.zeros(self.num_classes)
-        return {
-            "weight": layer.weight.detach().float().cpu().clone(),  # (C, D)
-            "bias": bias.detach().float().cpu().clone(),  # (C,)
-        }
+        """One forward pass: ``(hidden (B, D), logits (B, C), pooled layers)``, float32; a
+        TorchScript model returns its hidden state itself (no hooks)."""
+        self.model  # noqa: B018 - builds the model, which sets self.scripted
+        if self.scripted is None:
+            return super().run(x, with_layers)
+        with self.autocast():
+            hidden, logits = self.scripted(x)  # (B, D), (B, C)
+        return hidden.float(), logits.float(), {}
 
     # -- etn finetune -----------------------------------------------------------------------
 

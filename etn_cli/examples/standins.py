@@ -5,6 +5,8 @@
     etn run examples/images.toml         # then each example as written
     etn run examples/questions.toml
     etn run examples/features.toml
+    etn run examples/timm.toml
+    etn run examples/hf_image.toml
 
 What it writes (each a random model or random data, nothing downloaded):
 
@@ -19,7 +21,11 @@ What it writes (each a random model or random data, nothing downloaded):
   ``test.jsonl`` (sums of two digits, three or four choices each) and ``other.jsonl``
   (another task, no answers);
 * ``my_features/``: ``adapt.npz``, ``test.npz``, ``ood.npz`` from a random linear "model"
-  whose ``weight`` and ``bias`` are in ``classifier.npz``.
+  whose ``weight`` and ``bias`` are in ``classifier.npz``;
+* ``timm_model.safetensors``: timm's ``test_vit`` (a 6-block ViT made for timm's own tests)
+  at a 32 x 32 input with 3 outputs, random weights;
+* ``my_vit/``: a 2-layer Hugging Face ``ViTForImageClassification`` (32 x 32 input, 3 classes,
+  random weights) with its ``ViTImageProcessor``, as ``save_pretrained`` writes them.
 
 Replace them with your own files and the pipelines stay as they are.
 """
@@ -131,8 +137,51 @@ def write_features(folder: Path, seed: int = 0) -> Path:
     return root
 
 
+TIMM_MODEL, TIMM_SIZE = "test_vit", 32
+
+
+def write_timm(folder: Path, seed: int = 0) -> Path:
+    """``folder/timm_model.safetensors``: a random timm ``test_vit`` for ``CLASSES``."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = timm.create_model(TIMM_MODEL, num_classes=len(CLASSES), img_size=TIMM_SIZE)
+    path = folder / "timm_model.safetensors"
+    save_file(model.state_dict(), str(path))
+    return path
+
+
+def write_hf_image(folder: Path, seed: int = 0) -> Path:
+    """``folder/my_vit``: a tiny random ViT image classifier with its image processor."""
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    config = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        id2label=dict(enumerate(CLASSES)),
+        label2id={name: i for i, name in enumerate(CLASSES)},
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = ViTForImageClassification(config).eval()
+    root = folder / "my_vit"
+    model.save_pretrained(root)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(root)
+    return root
+
+
 def main(folder: Path = HERE) -> None:
-    for make in (write_images, write_questions, write_features, write_llm):  # my_llm needs a clone
+    # my_llm last: it needs a clone's tests/llm_fixtures.py
+    makers = (write_images, write_questions, write_features, write_timm, write_hf_image, write_llm)
+    for make in makers:
         print(f"wrote {make(folder)}")
 
 

@@ -3,7 +3,7 @@
 Inputs (:func:`resolve_inputs`) are one of
 
 * a folder of images, searched recursively (``.jpg``, ``.png``, … as for ImageNet folders),
-  for the ``torchvision`` backbone;
+  for the image backbones (``torchvision``, ``timm``, ``hf_image``);
 * a ``.jsonl`` file of multiple-choice questions in etn's MCQA schema
   (:mod:`etn_cli.datasets.mcqa_files`; ``answer`` optional), for ``hf_causal_lm``;
 * a registered dataset split, ``<dataset>:<split>`` (``digits:test``) or ``<dataset>`` (its
@@ -45,7 +45,13 @@ from etn_cli.stages.predict_options import (
 from etn_cli.stages.trained_heads import pipeline_head, read_head
 from etn_cli.store.atomic import atomic_write_bytes
 
-INPUT_KINDS = {"torchvision": ("images", "split"), "hf_causal_lm": ("questions", "split")}
+IMAGES = ("images", "split")
+INPUT_KINDS = {
+    "torchvision": IMAGES,
+    "timm": IMAGES,
+    "hf_image": IMAGES,
+    "hf_causal_lm": ("questions", "split"),
+}
 ANSWER_KEYS = ("answer", "answerKey", "answers")  # a question without them is unlabelled
 
 
