@@ -106,6 +106,7 @@ def one_line_usage_error(done: subprocess.CompletedProcess) -> None:
         (["report", "--format", "xls", "{pipeline}"], "Unknown format 'xls'"),
         (["report", "--metric", "bogus", "{pipeline}"], "aupr, auroc, fpr95"),
         (["run", "--metric", "aurocc", "{pipeline}"], "Did you mean 'auroc'?"),
+        (["report", "--metric", "auc", "{pipeline}"], "Did you mean 'auroc'?"),
         (["run", "{pipeline}", "--set", "heads.etn.epochs=-1"], "'epochs' must be an integer >= 1"),
         (["run", "{pipeline}", "--set", "heads.etn.lr=-1"], "'lr' must be a finite number > 0"),
         (["run", "{pipeline}", "--set", "heads.etn.batch_size=0"], "'batch_size' must be"),

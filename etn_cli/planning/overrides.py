@@ -13,12 +13,11 @@ every ``[[heads]]`` entry of that name (or label). Values are TOML (``5``, ``1e-
 from __future__ import annotations
 
 import copy
-import difflib
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
 
 
@@ -79,8 +78,7 @@ def _heads_named(raw: dict, name: str, where: str, path: Path) -> list[dict]:
     if not found:
         names = sorted({str(e.get("label") or e.get("name")) for e in entries})
         names += sorted({str(e.get("name")) for e in entries} - set(names))
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, names)
         raise EtnError(
             f"{where}: {path} has no [[heads]] named {name!r}.{hint} Its heads: "
             f"{', '.join(dict.fromkeys(names))}."

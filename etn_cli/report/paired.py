@@ -40,9 +40,7 @@ PAIRINGS = ("headline", "same")
 def find_reference(summary: pl.DataFrame, name: str) -> tuple:
     """The method key ``--compare NAME`` names: a report label (any case), else a head name
     with one label; otherwise a usage error listing the labels."""
-    import difflib
-
-    from etn_cli.errors import UsageError
+    from etn_cli.errors import UsageError, suggest
 
     keys = summary.select(METHOD).unique(maintain_order=True).rows()
     by_label = {key[1].lower(): key for key in keys}
@@ -56,7 +54,7 @@ def find_reference(summary: pl.DataFrame, name: str) -> tuple:
         raise UsageError(
             f"--compare {name!r} names {len(heads)} results ({named}). Pass one label."
         )
-    close = difflib.get_close_matches(name.lower(), list(by_label), n=1, cutoff=0.5)
+    close = suggest(name.lower(), by_label, cutoff=0.5)
     hint = f" Did you mean {by_label[close[0]][1]!r}?" if close else ""
     raise UsageError(
         f"Unknown method {name!r} for --compare.{hint} Choose a label of the report: "

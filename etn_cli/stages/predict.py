@@ -23,7 +23,6 @@ mi and de flag rows above it.
 
 from __future__ import annotations
 
-import difflib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 
 from etn_cli import progress
 from etn_cli.datasets.base import Split
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 from etn_cli.metrics.score_names import HIGHER_MEANS_ID
 from etn_cli.planning.plan import Plan, open_source
 from etn_cli.stages.predict_options import check_input_named, output_format
@@ -266,8 +265,7 @@ def dataset_split(plan: Plan, text: str) -> Inputs:
 
     name, _, split_name = text.partition(":")
     if name not in datasets:
-        close = difflib.get_close_matches(name, datasets.names(), n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        hint = did_you_mean(name, datasets.names(), n=3, cutoff=0.5)
         raise EtnError(
             f"Input {text!r} is no image folder, .jsonl file or dataset split (no file or "
             f"folder of that name): Unknown dataset {name!r}.{hint} Check the path, or see "
