@@ -471,16 +471,25 @@ def test_the_data_directory_defaults_to_the_user_cache(project: Path, tmp_path: 
     one_line_usage_error(etn("status", project / "conv.toml", "-d", file))
 
 
-def test_report_names_its_files_and_removes_plots_it_no_longer_draws(finished) -> None:
+def test_each_report_view_keeps_its_files_through_the_other_reports(finished) -> None:
+    from etn_cli.report.plot_record import read_plot_record, write_plot_record
+
     pipeline, data, _ = finished
     folder = data / "reports" / "conv"
     done = etn("report", pipeline, "-d", data, "--metric", "auroc")
     written = [line.removeprefix("wrote ") for line in done.stderr.splitlines()]
     assert str(folder / "frontier-auroc.png") in written and str(folder / "results.json") in written
-    assert (folder / "frontier-auroc.pdf").is_file() and (folder / "auroc.md").is_file()
-    etn("report", pipeline, "-d", data)
-    assert not (folder / "frontier-auroc.png").exists() and not (folder / "auroc.md").exists()
+    assert etn("report", pipeline, "-d", data, "--compare", "map").returncode == 0
+    record = read_plot_record(folder)  # as if an earlier etn had written a summary table more
+    (folder / "retired.txt").write_text("an old table")
+    views = {**record["views"], "summary": [*record["views"]["summary"], "retired.txt"]}
+    write_plot_record(folder, record["key"], record["drawn"], views)
+    assert etn("report", pipeline, "-d", data).returncode == 0
+    for name in ("frontier-auroc.png", "frontier-auroc.pdf", "auroc.md", "compare-map.txt"):
+        assert (folder / name).is_file(), name
+    assert not (folder / "retired.txt").exists()  # the summary view's own stale file
     assert (folder / "frontier-aupr.png").is_file() and (folder / "summary.txt").is_file()
+    assert set(read_plot_record(folder)["views"]) == {"summary", "auroc", "compare-map"}
 
 
 def test_the_docs_show_the_shipped_digits_pipeline() -> None:

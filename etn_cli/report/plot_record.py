@@ -1,7 +1,9 @@
 """``plots.json``: what a report folder holds, read back by the next report of its pipeline.
 
-The record names the files the report wrote (``files``, so that the next report removes the
-ones it no longer makes), the figures drawn per plot kind (``drawn``) with the sha256 of each
+The record names the files the folder holds per view (``views``: ``summary``, the one every
+report writes, ``auroc`` for ``--metric auroc``, ``compare-etn`` for ``--compare ETN`` …, so
+that the next report replaces the files of the views it makes and leaves the others), all of
+them (``files``), the figures drawn per plot kind (``drawn``) with the sha256 of each
 (``sha256``), the key of the metrics they were drawn from (``key``) and the folder it belongs
 to (``folder``); it is sealed like every other record (``record_sha256``). The next report
 redraws a plot kind unless the key matches and every figure of it still hashes as recorded
@@ -60,7 +62,11 @@ def check_plot_record(record: Any, folder: Path) -> dict[str, Any]:
         raise damaged(f"belongs to the report folder {record['folder']!r}, not {folder.name!r}")
     if not all(isinstance(drawn, list) for drawn in record["drawn"].values()):
         raise damaged("lists its figures as something other than lists of names")
+    views = record.get("views", {})
+    if not isinstance(views, dict) or not all(isinstance(v, list) for v in views.values()):
+        raise damaged("lists its views as something other than lists of names")
     names = list(record["files"]) + list(record["sha256"])
+    names += [name for files in views.values() for name in files]
     names += [name for drawn in record["drawn"].values() for name in drawn]
     outside = [name for name in names if not plain_name(name)]
     if outside:
@@ -109,14 +115,23 @@ def check_report_folder(record_path: Path) -> None:
             )
 
 
-def write_plot_record(folder: Path, key: str, drawn: dict, files: list[str]) -> None:
-    """Seal and write the record of what this report drew and wrote."""
+def views_of(record: dict[str, Any]) -> dict[str, list[str]]:
+    """The files of each view the record names; an older record, which kept one list, has
+    them all in the ``summary`` view (so the next report replaces them, as that etn did)."""
+    if "views" in record:
+        return record["views"]
+    return {"summary": list(record.get("files", []))}
+
+
+def write_plot_record(folder: Path, key: str, drawn: dict, views: dict[str, list[str]]) -> None:
+    """Seal and write the record of what the folder holds: per view, and what was drawn."""
     figures = sorted({name for names in drawn.values() for name in names})
     record = {
         "folder": folder.name,
         "key": key,
         "drawn": drawn,
-        "files": files,
+        "views": views,
+        "files": sorted({name for names in views.values() for name in names}),
         "sha256": {name: file_sha256(folder / name) for name in figures},
     }
     atomic_write_text(folder / PLOT_RECORD, json.dumps(seal_record(record)))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import polars as pl
@@ -25,7 +27,12 @@ from etn_cli.provenance import etn_version, now
 from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
 from etn_cli.report.frontier import frontier_plot
-from etn_cli.report.plot_record import intact_figures, read_plot_record, write_plot_record
+from etn_cli.report.plot_record import (
+    intact_figures,
+    read_plot_record,
+    views_of,
+    write_plot_record,
+)
 from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render
@@ -45,6 +52,7 @@ from etn_cli.store.fingerprint import fingerprint_key
 PLOTS_VERSION = 8
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 RISK_COVERAGE = "risk-coverage"  # likewise
+SUMMARY_VIEW = "summary"  # what every report writes; --metric M and --compare X add a view each
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
 REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
 
@@ -164,18 +172,15 @@ def report(
         comparison = paired_comparison(summary, metrics, rows, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, wanted in _tables(summary, metric):
-        for each, suffix in TABLE_FILES.items():
-            path = folder / f"{name}.{suffix}"
-            atomic_write_text(path, table_text(summary, each, wanted, fitted_on, comparison))
-            written.append(path)
+    made: dict[str, list[Path]] = {}  # view -> the files this report wrote for it
+    for view_name, name, wanted in _tables(summary, metric):
+        text = partial(
+            table_text, summary, metric=wanted, fitted_on=fitted_on, comparison=comparison
+        )
+        made.setdefault(view_name, []).extend(_write_table(folder, name, text))
     if comparison is not None:
         stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
-        for each, suffix in TABLE_FILES.items():
-            path = folder / f"{stem}.{suffix}"
-            atomic_write_text(path, comparison.table_text(each, metric))
-            written.append(path)
+        made[stem] = _write_table(folder, stem, partial(comparison.table_text, metric=metric))
     extra = {
         "pipeline_file": str(plan.pipeline.path),
         "selection": selection(
@@ -186,15 +191,18 @@ def report(
     if comparison is not None:
         extra["comparisons"] = comparison.records()
     atomic_write_text(folder / "results.json", results_json(summary, extra))
-    written.append(folder / "results.json")
+    made[SUMMARY_VIEW].append(folder / "results.json")
     record = earlier_record(folder)
     plots, drawn, key = _plots(plan, metrics, folder, metric, record)
-    written += plots
-    names = {p.name for p in written}
-    for old in _earlier_files(folder, record):  # a table or plot this report no longer makes
-        if old.name not in names:
-            old.unlink(missing_ok=True)
-    write_plot_record(folder, key, drawn, sorted(names))
+    for kind, paths in plots.items():  # the frontier of --metric auroc is auroc's view
+        made.setdefault(kind if kind == metric and kind != "aupr" else SUMMARY_VIEW, []).extend(
+            paths
+        )
+    views = replace_views(folder, record, {v: [p.name for p in ps] for v, ps in made.items()})
+    kept = {name for names in views.values() for name in names}
+    drawn = {kind: names for kind, names in drawn.items() if set(names) <= kept}
+    write_plot_record(folder, key, drawn, views)
+    written = [path for paths in made.values() for path in paths]
     if fmt == "json":
         return results_json(summary, extra), written
     shown = table_text(summary, fmt, metric, fitted_on, comparison)
@@ -203,29 +211,41 @@ def report(
     return shown, written
 
 
-def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str | None]]:
-    """(file stem, view) of every table a report writes: the summary, the paper's AUPR,
-    calibration, selective prediction, conformal sets (when evaluated) and the ``--metric``."""
+def _write_table(folder: Path, stem: str, text: Callable[[str], str]) -> list[Path]:
+    """``<stem>.txt``, ``.md``, ``.csv`` and ``.tex``, each ``text(format)``."""
+    paths = []
+    for each, suffix in TABLE_FILES.items():
+        atomic_write_text(folder / f"{stem}.{suffix}", text(each))
+        paths.append(folder / f"{stem}.{suffix}")
+    return paths
+
+
+def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str, str | None]]:
+    """(view, file stem, table) of every table a report writes: the summary view's summary,
+    the paper's AUPR, calibration, selective prediction and conformal sets (when evaluated);
+    the ``--metric`` view's own table when it is none of those."""
     tables = [("summary", None), ("aupr", "aupr"), ("calibration", "ece")]
     tables.append(("selective", "selective"))
     if summary.filter(pl.col("metric") == "coverage").height:
         tables.append(("conformal", "coverage"))
     named = {wanted for _, wanted in tables}
-    return tables + ([(metric, metric)] if metric is not None and metric not in named else [])
+    own = [(metric, metric, metric)] if metric is not None and metric not in named else []
+    return [(SUMMARY_VIEW, name, wanted) for name, wanted in tables] + own
 
 
 def _plots(
     plan: Plan, metrics: pl.DataFrame, folder: Path, metric: str | None, record: dict
-) -> tuple[list[Path], dict, str]:
+) -> tuple[dict[str, list[Path]], dict, str]:
     """Draw the sweep and frontier plots (per ranking metric) and the reliability diagrams
-    unless ``record`` says these exact metrics were drawn already; returns the paths, what was
-    drawn per plot kind, and the metrics' key."""
+    unless ``record`` says these exact metrics were drawn already; returns the paths per plot
+    kind, what the record says was drawn (this report's kinds and, from the same metrics,
+    earlier ones), and the metrics' key."""
     from etn_cli.report.views import RANKING
 
     wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
     key = fingerprint_key({"metrics": [u.key for u in plan.metrics], "plots": PLOTS_VERSION})
-    drawn = record.get("drawn", {}) if record.get("key") == key else {}
-    files: list[Path] = []
+    drawn = dict(record.get("drawn", {})) if record.get("key") == key else {}
+    files: dict[str, list[Path]] = {}
 
     def ranking(name: str):
         return lambda: sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
@@ -239,8 +259,8 @@ def _plots(
         if not intact_figures(folder, record, drawn.get(name, [])):
             paths = draw()
         drawn[name] = [p.name for p in paths]
-        files += paths
-    return files, {name: drawn[name] for name in plots}, key
+        files[name] = paths
+    return files, drawn, key
 
 
 def earlier_record(folder: Path) -> dict:
@@ -254,14 +274,22 @@ def earlier_record(folder: Path) -> dict:
         return {}
 
 
-def _earlier_files(folder: Path, record: dict) -> list[Path]:
-    """Files an earlier report wrote: those in its record, and the unversioned names of
-    older etn (``frontier.png``, ``plots-<metric>.json``, ``<metric>.md`` …)."""
-    named = [folder / f for f in record.get("files", [])]
-    legacy = [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
+def replace_views(folder: Path, record: dict, made: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Remove what an earlier report wrote for the views in ``made`` and this one no longer
+    writes (and the unversioned names of older etn: ``frontier.png``, ``plots-<metric>.json``
+    …); return every view's files for the record: this report's, and those of the views it
+    did not make (``--metric auroc``'s table and plots survive a plain report)."""
+    earlier = views_of(record)
+    names = {name for files in made.values() for name in files}
+    stale = [folder / name for view in made for name in earlier.get(view, [])]
+    stale += [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
     if "files" not in record:  # tables and plots of an etn that kept no list of them
-        legacy += [p for p in folder.iterdir() if p.is_file() and p.suffix in REPORT_SUFFIXES]
-    return named + legacy
+        stale += [p for p in folder.iterdir() if p.is_file() and p.suffix in REPORT_SUFFIXES]
+    for old in stale:
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+    others = {v: [n for n in files if (folder / n).is_file()] for v, files in earlier.items()}
+    return {**{v: files for v, files in others.items() if files and v not in made}, **made}
 
 
 def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
