@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from etn_cli import progress
 from etn_cli.cli.build import checked_pipeline, load_plan
 from etn_cli.cli.options import (
     DataDir,
@@ -17,6 +18,7 @@ from etn_cli.cli.options import (
     Only,
     Overrides,
     PipelineArg,
+    Quiet,
     UsageError,
     check_format,
     choose,
@@ -67,6 +69,15 @@ def report(
             "--bootstrap", metavar="N", min=100, help="Bootstrap replicates for --compare."
         ),
     ] = 1000,
+    rows: Annotated[
+        bool,
+        typer.Option(
+            "--rows",
+            help="With --format json: every result row (each method, metric, score and eval "
+            "set, as results.json) instead of the table's cells.",
+        ),
+    ] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Print the results table of pipelines or metrics files and write tables and plots.
 
@@ -76,7 +87,10 @@ def report(
     from etn_cli.report.metric_names import check_metric
 
     refuse_under_torchrun("report")
+    progress.configure(quiet=quiet)
     fmt, metric = check_format(format), check_metric(metric)
+    if rows and fmt != "json":
+        raise UsageError(f"--rows lists every result row as JSON; add --format json (not {fmt}).")
     parquet = [p for p in sources if p.suffix == ".parquet"]
     if compare is not None and parquet:
         raise UsageError(
@@ -96,15 +110,16 @@ def report(
         if source.suffix != ".parquet":
             plan = load_plan(source, data_dir, overrides, only, read_only=True)
             table, files = run_report(
-                plan, fmt=fmt, metric=metric, compare=compare, bootstrap=bootstrap
+                plan, fmt=fmt, metric=metric, compare=compare, bootstrap=bootstrap, rows=rows
             )
             tables.append(table)
             written += files
     if parquet:
-        tables.append(report_files(parquet, fmt=fmt, metric=metric))
+        tables.append(report_files(parquet, fmt=fmt, metric=metric, rows=rows))
     typer.echo("\n\n".join(t.rstrip("\n") for t in tables))
-    for path in written:  # stdout stays the table
-        typer.echo(f"wrote {path}", err=True)
+    if progress.verbosity() >= progress.NORMAL:
+        for path in written:  # stdout stays the table
+            typer.echo(f"wrote {path}", err=True)
 
 
 def verify(

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from etn_cli import progress
 from etn_cli.report.bootstrap import COMPARED, Predictions, Resamples
 from etn_cli.report.tables import METHOD, SEED_KEYS, STANDARD_SCORES
 
@@ -85,7 +86,8 @@ def compare(
         for r in cells.iter_rows(named=True)
     }
     records = []
-    for row in cells.iter_rows(named=True):
+    shown = progress.bar(cells.iter_rows(named=True), f"vs {reference[1]}", total=cells.height)
+    for row in shown:
         key = tuple(row[c] for c in METHOD)
         if key == reference:
             continue

@@ -27,6 +27,7 @@ from etn_cli.provenance import etn_version, now
 from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
 from etn_cli.report.frontier import frontier_plot
+from etn_cli.report.metric_names import SELECTIVE
 from etn_cli.report.plot_record import (
     intact_figures,
     read_plot_record,
@@ -35,7 +36,7 @@ from etn_cli.report.plot_record import (
 )
 from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
-from etn_cli.report.render import render
+from etn_cli.report.render import render, table_rows
 from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
@@ -78,14 +79,18 @@ def table_text(
     comparison: Comparison | None = None,
 ) -> str:
     """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote
-    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given);
-    with a paired ``comparison``, cells that differ significantly from its reference carry a
-    ``†``."""
+    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given)
+    and, for a selective-prediction metric, the overview of them all (AURC, E-AURC, risks)
+    above its table; with a paired ``comparison``, cells that differ significantly from its
+    reference carry a ``†``."""
     if fmt == "json":
-        return results_json(summary)
-    table = view(comparison.marked(summary, metric) if comparison else summary, metric)
+        return shown_json(summary, metric)
+    marked = comparison.marked(summary, metric) if comparison else summary
+    table = view(marked, metric)
     body = render(table, fmt)
     if fmt in ("table", "markdown"):
+        if metric in SELECTIVE:
+            body = render(view(marked, "selective"), fmt) + "\n" + body
         note = footnote(table, metric) + (f"\n{fitted_on}" if fitted_on else "")
         note += f"\n{comparison.note()}" if comparison else ""
         return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
@@ -139,6 +144,26 @@ def _md_note(note: str) -> str:
     return "\n".join(line.replace("*", r"\*", 1) for line in note.splitlines())
 
 
+def shown_json(
+    summary: pl.DataFrame, metric: str | None, comparison: Comparison | None = None
+) -> str:
+    """What the printed table shows, for a program (``--format json``): per method and column
+    the mean and 95% CI half-width in the table's units (its footnote says which), and with a
+    ``comparison`` its differences likewise; ``--rows`` gives every row instead
+    (:func:`results_json`)."""
+    table = view(comparison.marked(summary, metric) if comparison else summary, metric)
+    record = {
+        "pipeline": summary["pipeline"][0] if "pipeline" in summary.columns else None,
+        "view": metric or "summary",
+        "footnote": footnote(table, metric).splitlines(),
+        "rows": table_rows(table),
+    }
+    if comparison is not None:
+        compared = comparison.view_table(metric)
+        record["comparison"] = {"reference": comparison.reference, "rows": table_rows(compared)}
+    return json.dumps(record, indent=1, default=str)
+
+
 def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
     """Per method, metric, score and eval set: mean, 95% CI half-width, seeds, rows of the
     eval set; with how it was made."""
@@ -158,26 +183,31 @@ def report(
     metric: str | None = None,
     compare: str | None = None,
     bootstrap: int = BOOTSTRAP_SAMPLES,
+    rows: bool = False,
 ) -> tuple[str, list[Path]]:
     """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
     return the table in ``fmt`` with the paths written (unchanged plots are not redrawn).
     ``compare`` names a reference method for paired comparisons (``bootstrap`` replicates),
-    whose table follows the results table."""
-    metrics = with_shift_groups(read_metrics(metrics_paths(plan)), plan)
-    summary = summarize(metrics)
+    whose table follows the results table. ``rows`` with ``fmt="json"`` returns every result
+    row (``results.json``) instead of the table's cells."""
+    name = plan.pipeline.name
+    with progress.step("report", f"{name}: summary of {len(plan.metrics)} metrics files"):
+        metrics = with_shift_groups(read_metrics(metrics_paths(plan)), plan)
+        summary = summarize(metrics)
     fitted_on = notes(metrics)
     comparison = None
     if compare is not None:
-        rows = [predictions_path(u.path) for u in plan.metrics]
-        comparison = paired_comparison(summary, metrics, rows, compare, bootstrap)
+        predicted = [predictions_path(u.path) for u in plan.metrics]
+        with progress.step("report", f"{name}: paired bootstrap against {compare}"):
+            comparison = paired_comparison(summary, metrics, predicted, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
     made: dict[str, list[Path]] = {}  # view -> the files this report wrote for it
-    for view_name, name, wanted in _tables(summary, metric):
+    for view_name, stem, wanted in _tables(summary, metric):
         text = partial(
             table_text, summary, metric=wanted, fitted_on=fitted_on, comparison=comparison
         )
-        made.setdefault(view_name, []).extend(_write_table(folder, name, text))
+        made.setdefault(view_name, []).extend(_write_table(folder, stem, text))
     if comparison is not None:
         stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
         made[stem] = _write_table(folder, stem, partial(comparison.table_text, metric=metric))
@@ -193,7 +223,8 @@ def report(
     atomic_write_text(folder / "results.json", results_json(summary, extra))
     made[SUMMARY_VIEW].append(folder / "results.json")
     record = earlier_record(folder)
-    plots, drawn, key = _plots(plan, metrics, folder, metric, record)
+    with progress.step("report", f"{name}: plots"):
+        plots, drawn, key = _plots(plan, metrics, folder, metric, record)
     for kind, paths in plots.items():  # the frontier of --metric auroc is auroc's view
         made.setdefault(kind if kind == metric and kind != "aupr" else SUMMARY_VIEW, []).extend(
             paths
@@ -204,7 +235,9 @@ def report(
     write_plot_record(folder, key, drawn, views)
     written = [path for paths in made.values() for path in paths]
     if fmt == "json":
-        return results_json(summary, extra), written
+        return results_json(summary, extra) if rows else shown_json(
+            summary, metric, comparison
+        ), written
     shown = table_text(summary, fmt, metric, fitted_on, comparison)
     if comparison is not None:
         shown = shown.rstrip("\n") + "\n\n" + comparison.table_text(fmt, metric)
@@ -316,16 +349,22 @@ def report_folder(plan: Plan) -> Path:
     return plan.data_dir / "reports" / name
 
 
-def report_files(paths: list[Path], *, fmt: str = "table", metric: str | None = None) -> str:
-    """Render tables straight from metrics Parquet files (any source, one table per setting)."""
+def report_files(
+    paths: list[Path], *, fmt: str = "table", metric: str | None = None, rows: bool = False
+) -> str:
+    """Render tables straight from metrics Parquet files (any source, one table per setting;
+    ``rows``: see :func:`report`)."""
     from etn_cli.report.tables import split_by_backbone
 
     metrics = read_metrics(paths)
     summary = summarize(metrics)
     fitted_on = notes(metrics)
-    if fmt == "json":
+    if fmt == "json" and rows:
         return results_json(summary)
     parts = split_by_backbone(summary)
+    if fmt == "json":  # one document: a list of the settings' tables
+        shown = [json.loads(shown_json(part, metric)) for part in parts.values()]
+        return json.dumps(shown[0] if len(shown) == 1 else shown, indent=1)
     rendered = []
     for (pipeline, backbone), part in parts.items():
         title = f"{pipeline} ({backbone})"
