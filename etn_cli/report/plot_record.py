@@ -27,6 +27,7 @@ from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import file_sha256
 
 PLOT_RECORD = "plots.json"
+REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")  # what a report writes
 FIELDS = {"key": str, "drawn": dict, "files": list, "sha256": dict, "folder": str}
 
 
@@ -121,6 +122,24 @@ def views_of(record: dict[str, Any]) -> dict[str, list[str]]:
     if "views" in record:
         return record["views"]
     return {"summary": list(record.get("files", []))}
+
+
+def replace_views(folder: Path, record: dict, made: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Remove what an earlier report wrote for the views in ``made`` and this one no longer
+    writes (and the unversioned names of older etn: ``frontier.png``, ``plots-<metric>.json``
+    …); return every view's files for the record: this report's, and those of the views it
+    did not make (``--metric auroc``'s table and plots survive a plain report)."""
+    earlier = views_of(record)
+    names = {name for files in made.values() for name in files}
+    stale = [folder / name for view in made for name in earlier.get(view, [])]
+    stale += [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
+    if "files" not in record:  # tables and plots of an etn that kept no list of them
+        stale += [p for p in folder.iterdir() if p.is_file() and p.suffix in REPORT_SUFFIXES]
+    for old in stale:
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+    others = {v: [n for n in files if (folder / n).is_file()] for v, files in earlier.items()}
+    return {**{v: files for v, files in others.items() if files and v not in made}, **made}
 
 
 def write_plot_record(folder: Path, key: str, drawn: dict, views: dict[str, list[str]]) -> None:

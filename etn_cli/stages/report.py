@@ -31,7 +31,7 @@ from etn_cli.report.metric_names import SELECTIVE
 from etn_cli.report.plot_record import (
     intact_figures,
     read_plot_record,
-    views_of,
+    replace_views,
     write_plot_record,
 )
 from etn_cli.report.plots import sweep_plots
@@ -55,7 +55,6 @@ RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 RISK_COVERAGE = "risk-coverage"  # likewise
 SUMMARY_VIEW = "summary"  # what every report writes; --metric M and --compare X add a view each
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
-REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
 
 
 def metrics_paths(plan: Plan) -> list[Path]:
@@ -305,24 +304,6 @@ def earlier_record(folder: Path) -> dict:
     except DamagedArtefact as damage:
         progress.say(repair_line(damage, "Redrawing every figure."))
         return {}
-
-
-def replace_views(folder: Path, record: dict, made: dict[str, list[str]]) -> dict[str, list[str]]:
-    """Remove what an earlier report wrote for the views in ``made`` and this one no longer
-    writes (and the unversioned names of older etn: ``frontier.png``, ``plots-<metric>.json``
-    …); return every view's files for the record: this report's, and those of the views it
-    did not make (``--metric auroc``'s table and plots survive a plain report)."""
-    earlier = views_of(record)
-    names = {name for files in made.values() for name in files}
-    stale = [folder / name for view in made for name in earlier.get(view, [])]
-    stale += [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
-    if "files" not in record:  # tables and plots of an etn that kept no list of them
-        stale += [p for p in folder.iterdir() if p.is_file() and p.suffix in REPORT_SUFFIXES]
-    for old in stale:
-        if old.name not in names:
-            old.unlink(missing_ok=True)
-    others = {v: [n for n in files if (folder / n).is_file()] for v, files in earlier.items()}
-    return {**{v: files for v, files in others.items() if files and v not in made}, **made}
 
 
 def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
