@@ -128,9 +128,10 @@ def predict_frame(
     return pl.DataFrame(columns)
 
 
-def class_names(plan: Plan, n_classes: int) -> tuple[list[str] | None, str]:
+def class_names(plan: Plan, n_classes: int) -> tuple[list | None, str]:
     """The pipeline's names of its ``n_classes`` classes and what they are: an LLM's answer
-    letters (``"letter"``), an image folder's class names (``"class"``), or none."""
+    letters (``"letter"``), the class names (``"class"``) of an image folder (or the digits'
+    numbers), or none."""
     letters = getattr(plan.backbone.config, "letters", None) if plan.backbone else None
     if letters:
         return list(letters), "letter"
@@ -138,7 +139,7 @@ def class_names(plan: Plan, n_classes: int) -> tuple[list[str] | None, str]:
     return (list(classes), "class") if classes and len(classes) == n_classes else (None, "class")
 
 
-def prediction_columns(prediction: Any, named: list[str] | None, kind: str) -> dict[str, Any]:
+def prediction_columns(prediction: Any, named: list | None, kind: str) -> dict[str, Any]:
     """Prediction (and, with ``named`` classes, its letter or class name: ``kind``), its
     probability, every class's probability (``prob_<letter>`` / ``prob_<class name>`` where
     known), every score."""
@@ -153,13 +154,13 @@ def prediction_columns(prediction: Any, named: list[str] | None, kind: str) -> d
     return columns
 
 
-def set_columns(member: np.ndarray, named: list[str] | None) -> dict[str, Any]:
+def set_columns(member: np.ndarray, named: list | None) -> dict[str, Any]:
     """``prediction_set`` (``{3, 5}``; ``{fox, owl}`` with ``named`` classes or letters) and
     ``set_size`` of each row's conformal set, ``member`` (N, C) marking its classes (the head
     calibrated on the pipeline's calibration rows as ``etn evaluate`` calibrates it, so on a
     split it evaluated the same sets)."""
     names = named or [str(k) for k in range(member.shape[1])]
-    sets = ["{" + ", ".join(names[k] for k in np.flatnonzero(row)) + "}" for row in member]
+    sets = ["{" + ", ".join(str(names[k]) for k in np.flatnonzero(row)) + "}" for row in member]
     return {"prediction_set": sets, "set_size": member.sum(axis=1)}
 
 
