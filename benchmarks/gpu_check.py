@@ -85,7 +85,8 @@ def finished(process: subprocess.Popen, data: Path, what: str) -> dict | None:
         print(f"**{what} FAILED** (exit {code}):\n```\n" + "\n".join(tail) + "\n```")
         return None
     waited = time.perf_counter() - started
-    rows = json.loads((data / "table.json").read_text())["results"]
+    (results,) = (data / "reports").glob("*/results.json")  # every row (stdout: the table's)
+    rows = json.loads(results.read_text())["results"]
     return {"rows": rows, "waited": waited}
 
 

@@ -4,14 +4,13 @@ arguments, with unknown keys and wrong types rejected at the boundary."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 
 C = TypeVar("C")
 
@@ -26,8 +25,7 @@ def build_config(cls: type[C], values: dict[str, Any], where: str) -> C:
     hints = typing.get_type_hints(cls)
     for key in values:
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(key, fields)
             raise EtnError(
                 f"Unknown key {key!r} in {where}.{hint} Allowed keys: {', '.join(fields)}"
             )

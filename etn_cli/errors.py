@@ -1,6 +1,8 @@
 """Domain errors: anything a user can fix becomes an :class:`EtnError` with a one-line message."""
 
 import difflib
+import os
+from collections.abc import Iterable
 
 WORKER_PREFIX = "Caught EtnError"  # how torch's DataLoader re-raises a worker's error
 MARKER = "EtnError: "
@@ -26,13 +28,39 @@ class UsageError(EtnError):
     """A mistyped choice or option value: one line and exit status 2, like click's own."""
 
 
+def suggest(name: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """Up to ``n`` of ``choices`` that ``name`` is probably a slip for, best first: every choice
+    :func:`difflib.get_close_matches` finds within ``cutoff``, ranked by the share of the
+    typed letters it holds in order, then by the length of the prefix it shares with ``name``,
+    then by the order ``choices`` come in (so ``auc`` gives ``auroc`` before ``aurc``, which
+    a plain similarity ratio prefers for being shorter)."""
+    choices = list(dict.fromkeys(choices))
+    close = set(difflib.get_close_matches(name, choices, n=len(choices) or 1, cutoff=cutoff))
+
+    def rank(choice: str) -> tuple[float, int]:
+        blocks = difflib.SequenceMatcher(None, name, choice).get_matching_blocks()
+        held = sum(block.size for block in blocks) / max(len(name), 1)
+        return -held, -len(os.path.commonprefix([name, choice]))
+
+    return sorted((c for c in choices if c in close), key=rank)[:n]  # stable: choices' order
+
+
+def did_you_mean(name: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> str:
+    """`` Did you mean 'auroc'?`` (``n`` > 1: `` Did you mean: a, b?``), or ``""`` when
+    :func:`suggest` finds nothing."""
+    close = suggest(name, choices, n, cutoff)
+    if not close:
+        return ""
+    return f" Did you mean {close[0]!r}?" if n == 1 else f" Did you mean: {', '.join(close)}?"
+
+
 def choose(value: str, allowed: tuple[str, ...], what: str, aliases: dict | None = None) -> str:
     """``value`` if it is one of ``allowed`` (or an alias of one); otherwise a one-line usage
     error naming the nearest choice and all of them."""
     value = (aliases or {}).get(value, value)
     if value in allowed:
         return value
-    close = difflib.get_close_matches(value, [*allowed, *(aliases or {})], n=1, cutoff=0.5)
+    close = suggest(value, [*allowed, *(aliases or {})], cutoff=0.5)
     hint = f" Did you mean {(aliases or {}).get(close[0], close[0])!r}?" if close else ""
     raise UsageError(f"Unknown {what} {value!r}.{hint} Choose one of: {', '.join(allowed)}.")
 

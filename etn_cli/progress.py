@@ -10,7 +10,9 @@ what was already done and what failed. ``-q`` keeps only errors (and the final t
 stdout); ``-v`` adds the reason each unit is built and lists every unit on a terminal too.
 
 Stages call :func:`unit` around each unit they build and :func:`skipped` for each one they
-keep; :func:`begin` sets the total of a run (``etn run`` counts every stage's units).
+keep; :func:`begin` sets the total of a run (``etn run`` counts every stage's units). The
+report, which builds no unit, brackets its slow steps with :func:`step`: a line only for a
+step that takes longer than :data:`SLOW_S` seconds.
 """
 
 from __future__ import annotations
@@ -175,6 +177,25 @@ def unit(stage: str, name: str, reason: str = "", *, refusal_said: bool = False)
         if later is not None:
             later.cancel()
     say(f"{prefix}: done in {time.perf_counter() - started:.1f} s")
+
+
+@contextmanager
+def step(stage: str, name: str) -> Iterator[None]:
+    """Bracket one step of a unit-less stage (the report's reading, comparison, plots): silent
+    when it ends within :data:`SLOW_S` seconds; past that a ``started`` line (so a long step
+    says what it is doing, on a terminal or in a log) and, at its end, ``done in``."""
+    prefix = f"{stage:<8} {name}"
+    later = threading.Timer(SLOW_S, say, (f"{prefix}: started",))
+    later.daemon = True
+    later.start()
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        later.cancel()
+    seconds = time.perf_counter() - started
+    if seconds >= SLOW_S:
+        say(f"{prefix}: done in {seconds:.1f} s")
 
 
 def bar(iterable: Iterable[T], desc: str, total: int | None = None, **options: Any) -> Iterable[T]:

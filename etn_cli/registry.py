@@ -10,12 +10,11 @@ decorator for a name the table lacks, or names with another module, fails at imp
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Generic, TypeVar
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 
 T = TypeVar("T")
 
@@ -81,9 +80,7 @@ class Registry(Generic[T]):
         return sorted(a for a, target in self._aliases.items() if target == name)
 
     def unknown_message(self, name: str) -> str:
-        close = difflib.get_close_matches(name, list(self.modules), n=3, cutoff=0.5)
-        close = close or difflib.get_close_matches(name, list(self._aliases), n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        hint = did_you_mean(name, self.modules, 3, 0.5) or did_you_mean(name, self._aliases, 3, 0.5)
         return f"Unknown {self.kind} {name!r}.{hint} Available: {', '.join(self.names())}"
 
     def names(self) -> list[str]:

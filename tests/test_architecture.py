@@ -243,3 +243,18 @@ def test_the_private_name_checker_sees_from_imports_and_module_attributes(tmp_pa
         "etn_cli.m._x",
         "etn_cli.m._z",
     }
+
+
+def test_every_did_you_mean_goes_through_one_helper() -> None:
+    """One ranking of suggestions (``etn_cli.errors.suggest``), not a difflib call per message
+    with its own cutoff and order."""
+    users = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if any(
+            isinstance(node, (ast.Import, ast.ImportFrom))
+            and "difflib" in [getattr(node, "module", None), *(a.name for a in node.names)]
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    )
+    assert users == ["errors.py"], users

@@ -106,6 +106,8 @@ def one_line_usage_error(done: subprocess.CompletedProcess) -> None:
         (["report", "--format", "xls", "{pipeline}"], "Unknown format 'xls'"),
         (["report", "--metric", "bogus", "{pipeline}"], "aupr, auroc, fpr95"),
         (["run", "--metric", "aurocc", "{pipeline}"], "Did you mean 'auroc'?"),
+        (["report", "--metric", "auc", "{pipeline}"], "Did you mean 'auroc'?"),
+        (["report", "--rows", "{pipeline}"], "add --format json"),
         (
             ["run", "{pipeline}", "--set", "heads.etn.epochs=-1"],
             "'epochs' must be an integer in 1 .. 100,000",
@@ -293,8 +295,9 @@ def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> N
         len(skipped) == 4
         and skipped[0] == "[ 1/12] extract  toy (adapt): skipped, your own features"
     )
-    started = [line for line in lines if line.endswith(": started")]
-    finished_lines = [line for line in lines if ": done in " in line]
+    units = [line for line in lines if not line.startswith("report ")]  # its slow steps vary
+    started = [line for line in units if line.endswith(": started")]
+    finished_lines = [line for line in units if ": done in " in line]
     # ETN x 2 seeds, MAP and Mahalanobis (seed-free: fitted once), trained and scored
     assert len(started) == len(finished_lines) == 8
     assert finished_lines[0].startswith("[ 5/12] train    ETN seed 0: done in ")
@@ -349,9 +352,17 @@ def test_every_format_parses(finished) -> None:
     run = lambda *a: etn("report", pipeline, "-d", data, *a).stdout  # noqa: E731
     csv = pl.read_csv(run("-f", "csv").encode())
     assert csv.columns[0] == "Method" and csv.height == 3
-    records = json.loads(run("-f", "json"))["results"]
+    shown = json.loads(run("-f", "json"))  # what the table shows: methods x columns
+    assert (
+        shown["view"] == "summary"
+        and [r["method"] for r in shown["rows"]] == csv["Method"].to_list()
+    )
+    cell = shown["rows"][0]["cells"]["toy ACC"]
+    assert cell["metric"] == "acc" and {"mean", "ci95", "n_seeds"} <= set(cell)
+    records = json.loads(run("-f", "json", "--rows"))["results"]  # every row, as results.json
     keys = {"method", "metric", "score", "eval_set", "mean", "ci95_half_width", "n_seeds"}
     assert keys <= set(records[0]) and {r["metric"] for r in records} >= {"acc", "ece", "auroc"}
+    assert len(records) > 5 * len(shown["rows"])
     assert run("-f", "markdown").startswith("| Method")
     tex = run("-f", "latex", "--metric", "aupr")
     assert r"\toprule" in tex and r"\textbf{" in tex and r"\underline{" in tex
@@ -476,16 +487,58 @@ def test_the_data_directory_defaults_to_the_user_cache(project: Path, tmp_path: 
     one_line_usage_error(etn("status", project / "conv.toml", "-d", file))
 
 
-def test_report_names_its_files_and_removes_plots_it_no_longer_draws(finished) -> None:
+def test_each_report_view_keeps_its_files_through_the_other_reports(finished) -> None:
+    from etn_cli.report.plot_record import read_plot_record, write_plot_record
+
     pipeline, data, _ = finished
     folder = data / "reports" / "conv"
     done = etn("report", pipeline, "-d", data, "--metric", "auroc")
     written = [line.removeprefix("wrote ") for line in done.stderr.splitlines()]
     assert str(folder / "frontier-auroc.png") in written and str(folder / "results.json") in written
-    assert (folder / "frontier-auroc.pdf").is_file() and (folder / "auroc.md").is_file()
-    etn("report", pipeline, "-d", data)
-    assert not (folder / "frontier-auroc.png").exists() and not (folder / "auroc.md").exists()
+    assert etn("report", pipeline, "-d", data, "--compare", "map").returncode == 0
+    record = read_plot_record(folder)  # as if an earlier etn had written a summary table more
+    (folder / "retired.txt").write_text("an old table")
+    views = {**record["views"], "summary": [*record["views"]["summary"], "retired.txt"]}
+    write_plot_record(folder, record["key"], record["drawn"], views)
+    assert etn("report", pipeline, "-d", data).returncode == 0
+    for name in ("frontier-auroc.png", "frontier-auroc.pdf", "auroc.md", "compare-map.txt"):
+        assert (folder / name).is_file(), name
+    assert not (folder / "retired.txt").exists()  # the summary view's own stale file
     assert (folder / "frontier-aupr.png").is_file() and (folder / "summary.txt").is_file()
+    assert {"summary", "auroc", "compare-map"} <= set(read_plot_record(folder)["views"])
+
+
+def test_a_report_says_each_step_slower_than_two_seconds(finished, monkeypatch) -> None:
+    from cli_runner import etn as etn_here
+
+    from etn_cli import progress
+
+    pipeline, data, _ = finished
+    monkeypatch.setattr(progress, "SLOW_S", 0.0)  # every step is slow
+    code, output = etn_here("report", pipeline, "-d", data, "--compare", "map")
+    assert code == 0, output
+    lines = [STAMP.sub("", line) for line in output.splitlines() if STAMP.match(line)]
+    for step in ("summary of 4 metrics files", "paired bootstrap against map", "plots"):
+        assert f"report   conv: {step}: started" in lines, output
+        assert any(line.startswith(f"report   conv: {step}: done in ") for line in lines), output
+
+
+def test_a_quiet_report_prints_the_table_alone(finished) -> None:
+    pipeline, data, _ = finished
+    done = etn("report", pipeline, "-d", data, "-q", "--metric", "aurc")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "AURC" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "override", ["heads.etn.epochs=-1", "heads.etn.epoch=3", "seeds=[0, 0]", "bogus=1"]
+)
+def test_a_bad_override_names_its_set_option_not_the_file(
+    project: Path, tmp_path: Path, override: str
+) -> None:
+    done = etn("report", project / "conv.toml", "-d", tmp_path / "data", "--set", override)
+    one_line_usage_error(done)
+    assert f"--set {override}" in done.stderr and "conv.toml" not in done.stderr, done.stderr
 
 
 def test_the_docs_show_the_shipped_digits_pipeline() -> None:

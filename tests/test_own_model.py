@@ -95,6 +95,11 @@ def test_predict_names_the_classes_of_the_folders(run: Path) -> None:
     assert probabilities == [f"prob_{name}" for name in standins.CLASSES]
     names = [standins.CLASSES[k] for k in frame["prediction"]]
     assert frame["class"].to_list() == names and frame.height == 12
+    code, printed = etn_here(*args, "--out", out, "--sets")  # the conformal sets name them too
+    sets = [line.split("\t")[1] for line in printed.splitlines() if "\t" in line]
+    members = {name for shown in sets for name in shown.strip("{}").split(", ") if name}
+    assert code == 0 and len(sets) == 12 and members and members <= set(standins.CLASSES)
+    assert pl.read_csv(out)["prediction_set"].to_list() == sets
 
 
 def test_stored_image_features_equal_a_plain_torchvision_forward_pass(run: Path) -> None:

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import polars as pl
 import pytest
-from cli_runner import etn
+from cli_runner import etn, without_progress
 
 from etn_cli.metrics.evaluation import classification_metrics
 from etn_cli.metrics.ranking import ranking_values
@@ -212,11 +212,14 @@ def test_report_compare_with_an_unknown_method_is_one_line_and_exit_2(finished):
     assert "Did you mean 'ETN'?" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_report_metric_aurc_shows_the_selective_risk_per_score(finished):
+def test_report_metric_aurc_shows_every_selective_metric_then_the_risk_per_score(finished):
     pipeline, data = finished
     code, output = etn("report", pipeline, "-d", data, "--metric", "aurc")
     assert code == 0, output
-    assert "AURC" in output.splitlines()[0] and "MP" in output.splitlines()[1]
+    lines = without_progress(output).splitlines()  # stderr's lines of a slow step mixed in
+    assert "ranked by MP" in lines[0] and "E-AURC" in lines[1] and "Risk@95" in lines[1]
+    per_score = next(i for i, line in enumerate(lines) if line.endswith(" AURC"))
+    assert "MP" in lines[per_score + 1] and "DE" in lines[per_score + 1]
     assert (data / "reports" / "pair" / "selective.md").is_file()
 
 

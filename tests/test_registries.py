@@ -13,7 +13,7 @@ import pytest
 import etn_cli.backbones
 import etn_cli.datasets
 import etn_cli.heads
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, suggest
 from etn_cli.registry import Registry
 
 PACKAGES = (etn_cli.heads, etn_cli.backbones, etn_cli.datasets)
@@ -116,3 +116,23 @@ def test_the_scores_of_every_scorer_are_named_before_any_scorer_loads() -> None:
     for name in heads.names():
         heads.get(name)
     assert HIGHER_MEANS_ID == named
+
+
+@pytest.mark.parametrize(
+    ("typed", "choices", "first"),
+    [
+        ("auc", ("aupr", "auroc", "fpr95", "aurc", "eaurc"), "auroc"),  # not the shorter aurc
+        ("aurocc", ("aupr", "auroc", "aurc"), "auroc"),
+        ("etm", ("edl", "etn", "etn_offset", "map"), "etn"),
+        ("epoch", ("lr", "epochs", "batch_size"), "epochs"),
+        ("fpr9", ("fpr95_id", "fpr95"), "fpr95_id"),  # a tie keeps the caller's order
+    ],
+)
+def test_a_suggestion_ranks_the_choice_holding_what_was_typed_first(
+    typed: str, choices: tuple[str, ...], first: str
+) -> None:
+    assert suggest(typed, choices, n=3, cutoff=0.5)[0] == first
+
+
+def test_nothing_is_suggested_for_a_name_like_no_choice() -> None:
+    assert suggest("zebra", ("aupr", "auroc", "ece")) == []

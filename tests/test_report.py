@@ -282,3 +282,38 @@ def test_a_table_wider_than_the_terminal_is_cut_into_blocks_of_whole_eval_sets(m
         assert max(map(len, lines)) <= width and blocks >= 2  # Method repeated per block
         assert sum(line.startswith("ETN ") for line in lines) == blocks
         assert sum("digits → noise" in line for line in lines) == 1  # a set's columns together
+
+
+def _set_size_rows() -> list[dict]:
+    """Conformal set sizes of two methods over three seeds: ``digits_unseen`` alone in the
+    ``semantic`` group, ``noise`` and ``blur`` in ``covariate``; MAP's sets are smaller."""
+    rows = []
+    for seed in range(3):
+        for rank, (method, label) in enumerate((("map", "MAP"), ("etn", "ETN"))):
+            base = {"pipeline": "p", "backbone": "tiny", "id_dataset": "digits", "note": None,
+                    "method": method, "method_label": label, "variant": "", "seed": seed,
+                    "score": None, "head_key": f"{method}{seed}"}  # fmt: skip
+            rows.append({**base, "eval_set": "digits", "task": "id", "ood_group": None,
+                         "metric": "coverage", "value": 0.9})  # fmt: skip
+            rows.append({**base, "eval_set": "digits", "task": "id", "ood_group": None,
+                         "metric": "set_size", "value": 1.0 + rank + 0.01 * seed})  # fmt: skip
+            for eval_set, group in (("digits_unseen", "semantic"), ("noise", "covariate"),
+                                    ("blur", "covariate")):  # fmt: skip
+                size = 2.0 + rank + 0.1 * seed + len(eval_set) / 10
+                rows.append({**base, "eval_set": eval_set, "task": "ood", "ood_group": group,
+                             "metric": "set_size", "value": size})  # fmt: skip
+    return rows
+
+
+def test_the_conformal_table_ranks_no_ood_set_size_and_drops_a_group_of_one_set(tmp_path):
+    from etn_cli.report.views import conformal_view
+
+    path = tmp_path / "sizes.parquet"
+    pl.DataFrame(_set_size_rows()).write_parquet(path)
+    table = conformal_view(summarize(read_metrics([path])))
+    ood = [c.removeprefix("OOD set size ") for c in table.columns if c.startswith("OOD set")]
+    assert ood == ["digits_unseen", "noise", "blur", "digits-OOD", "covariate-OOD"]
+    text = render(table, "table")
+    marked = [line for line in text.splitlines() if line.startswith("MAP")]
+    assert marked[0].count("*") == 1  # the ID set size only: MAP's are smaller everywhere
+    assert render(table, "latex").count(r"\textbf{") == 1

@@ -12,7 +12,6 @@ forward pass.
 from __future__ import annotations
 
 import contextlib
-import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 
 
 def find_classifier(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]:
@@ -50,8 +49,7 @@ def named_layers(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Modul
     modules.pop("", None)  # the model itself: its output is the logits, already stored
     unknown = [name for name in names if name not in modules]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], list(modules), n=3, cutoff=0.6)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        hint = did_you_mean(unknown[0], modules, n=3)
         shown = ", ".join(list(modules)[:60]) + (", ..." if len(modules) > 60 else "")
         raise EtnError(
             f"Unknown layer(s) {unknown} in the backbone's layers option.{hint} Valid names: "

@@ -20,7 +20,6 @@ against the prefix torchvision puts in its name.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import os
 import pickle
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 from etn_cli.store.fingerprint import file_sha256
 
 NONE = "none"
@@ -63,8 +62,7 @@ def classification_models() -> list[str]:
 def check_model_name(model: str) -> None:
     names = classification_models()
     if model not in names:
-        close = difflib.get_close_matches(model, names, n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        hint = did_you_mean(model, names, n=3, cutoff=0.5)
         raise EtnError(
             f"Unknown torchvision classification model {model!r}.{hint} See "
             "torchvision.models.list_models(module=torchvision.models) for every name."

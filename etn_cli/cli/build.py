@@ -40,12 +40,16 @@ def checked_pipeline(
     """Load a pipeline file and check all that needs no torch: the file, its keys and values,
     ``--set`` and ``--only``, the names it gives and its heads' settings. Every usage and
     pipeline-file error is refused here, in milliseconds, before a stage is imported."""
+    from etn_cli.planning.overrides import blaming_overrides
     from etn_cli.planning.pipeline import check_names, check_roots, load_pipeline
 
-    loaded = load_pipeline(pipeline, tuple(overrides or ()), only_heads(only))
-    check_names(loaded)
-    check_roots(loaded)
-    return loaded
+    def check(sets: tuple[str, ...]) -> Any:
+        loaded = load_pipeline(pipeline, sets, only_heads(only))
+        check_names(loaded)
+        check_roots(loaded)
+        return loaded
+
+    return blaming_overrides(check, tuple(overrides or ()), pipeline)
 
 
 def load_plan(

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from etn_cli import progress
 from etn_cli.cli.build import checked_pipeline, load_plan
 from etn_cli.cli.options import (
     DataDir,
@@ -17,6 +18,7 @@ from etn_cli.cli.options import (
     Only,
     Overrides,
     PipelineArg,
+    Quiet,
     UsageError,
     check_format,
     choose,
@@ -71,6 +73,15 @@ def report(
             help="Bootstrap replicates for --compare.",
         ),
     ] = 1000,
+    rows: Annotated[
+        bool,
+        typer.Option(
+            "--rows",
+            help="With --format json: every result row (each method, metric, score and eval "
+            "set, as results.json) instead of the table's cells.",
+        ),
+    ] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Print the results table of pipelines or metrics files and write tables and plots.
 
@@ -81,7 +92,10 @@ def report(
     from etn_cli.report.metric_names import check_metric
 
     refuse_under_torchrun("report")
+    progress.configure(quiet=quiet)
     fmt, metric = check_format(format), check_metric(metric)
+    if rows and fmt != "json":
+        raise UsageError(f"--rows lists every result row as JSON; add --format json (not {fmt}).")
     parquet = [p for p in sources if p.suffix == ".parquet"]
     if compare is not None and parquet:
         raise UsageError(
@@ -102,16 +116,17 @@ def report(
         if source.suffix != ".parquet":
             plan = load_plan(source, data_dir, overrides, only, read_only=True)
             table, files, failed = run_report(
-                plan, fmt=fmt, metric=metric, compare=compare, bootstrap=bootstrap
+                plan, fmt=fmt, metric=metric, compare=compare, bootstrap=bootstrap, rows=rows
             )
             tables.append(table)
             written += files
             failures += [failed_units_line(failed, source)] if failed else []
     if parquet:
-        tables.append(report_files(parquet, fmt=fmt, metric=metric))
+        tables.append(report_files(parquet, fmt=fmt, metric=metric, rows=rows))
     typer.echo("\n\n".join(t.rstrip("\n") for t in tables))
-    for path in written:  # stdout stays the table
-        typer.echo(f"wrote {path}", err=True)
+    if progress.verbosity() >= progress.NORMAL:
+        for path in written:  # stdout stays the table
+            typer.echo(f"wrote {path}", err=True)
     for line in failures:  # 1: the report is whole but for methods that refused their data
         typer.echo(line, err=True)
     if failures:

@@ -13,13 +13,15 @@ every ``[[heads]]`` entry of that name (or label). Values are TOML (``5``, ``1e-
 from __future__ import annotations
 
 import copy
-import difflib
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 from etn_cli.store.fingerprint import canonical_json, fingerprint_key
+
+T = TypeVar("T")
 
 
 def parse_value(text: str) -> Any:
@@ -47,6 +49,37 @@ def apply_overrides(raw: dict[str, Any], overrides: tuple[str, ...], path: Path)
         else:
             _set_path(raw, parts, value, override)
     return raw
+
+
+def blaming_overrides(
+    check: Callable[[tuple[str, ...]], T], overrides: tuple[str, ...], path: Path
+) -> T:
+    """``check(overrides)`` (load and check the pipeline ``path`` with them); when it fails
+    although the file alone passes, the error names the first ``--set KEY=VALUE`` that makes
+    it fail as its source instead of the file, which is not where the value was written."""
+    try:
+        return check(overrides)
+    except EtnError as err:
+        if not overrides or str(err).startswith("--set "):
+            raise
+        try:
+            check(())
+        except EtnError:
+            raise err from None  # the file's own mistake (or --only's)
+        for n in range(1, len(overrides) + 1):
+            try:
+                check(overrides[:n])
+            except EtnError as first:
+                raise EtnError(_blamed(str(first), overrides[n - 1], path)) from None
+        raise
+
+
+def _blamed(message: str, override: str, path: Path) -> str:
+    source = f"--set {override.strip()}"
+    named = message
+    for name in (str(Path(path).resolve()), str(path)):
+        named = named.replace(name, source)
+    return named if named != message else f"{source}: {message}"
 
 
 def _set_path(table: dict[str, Any], parts: list[str], value: Any, override: str) -> None:
@@ -79,8 +112,7 @@ def _heads_named(raw: dict, name: str, where: str, path: Path) -> list[dict]:
     if not found:
         names = sorted({str(e.get("label") or e.get("name")) for e in entries})
         names += sorted({str(e.get("name")) for e in entries} - set(names))
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, names)
         raise EtnError(
             f"{where}: {path} has no [[heads]] named {name!r}.{hint} Its heads: "
             f"{', '.join(dict.fromkeys(names))}."

@@ -25,7 +25,6 @@ zero) on ``split`` of the ID dataset, every other key being a setting the backbo
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import os
 import tomllib
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from etn_cli.config import SEED_LIMIT, build_config
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -375,8 +374,7 @@ def expand_paths(paths: list[Path]) -> list[Path]:
 def parse_pipeline(raw: dict[str, Any], path: Path) -> Pipeline:
     for key in raw:
         if key not in TOP_LEVEL:
-            close = difflib.get_close_matches(key, TOP_LEVEL, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(key, TOP_LEVEL)
             raise EtnError(
                 f"Unknown key {key!r} in {path}.{hint} Allowed top-level keys: "
                 f"{', '.join(TOP_LEVEL)}"

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from etn_cli.config import config_dict
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 from etn_cli.heads.base import HEAD_FORMAT
 from etn_cli.heads.calibration import CALIBRATION_VERSION
 from etn_cli.own_features.units import drop_unusable
@@ -100,8 +100,6 @@ def load_unit_split(pipeline: Pipeline, unit: FeatureUnit) -> Any:
 def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = "") -> Any:
     """``open_source`` for a split the dataset has; otherwise one line naming the close ones
     (or, for a dataset of your own files, the root folder that does not exist)."""
-    import difflib
-
     from etn_cli.datasets.base import PathSplits
 
     source = open_source(pipeline, dataset)
@@ -111,8 +109,7 @@ def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = ""
         raise missing_root(pipeline, root, dataset, data.adapt if data else split)
     if not source.has_split(split):
         names = source.available()
-        close = difflib.get_close_matches(split, names, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(split, names, cutoff=0.5)
         raise EtnError(
             f"Dataset {dataset!r} has no split {split!r} ({pipeline.path}{where}).{hint} "
             f"Available: {', '.join(names) or 'none'}"

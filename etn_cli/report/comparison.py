@@ -46,12 +46,15 @@ class Comparison:
             f"difference excludes 0 (compare-{self.slug}.*)."
         )
 
+    def view_table(self, metric: str | None) -> pl.DataFrame:
+        """The differences, laid out as the ``metric`` view."""
+        frame = self.frame(metric).with_columns(pl.lit(None, pl.Float64).alias("ci95"))
+        return view(frame, metric)
+
     def table_text(self, fmt: str, metric: str | None) -> str:
         """The differences, laid out as the ``metric`` view, in ``fmt`` (a note under the
         plain-text and Markdown tables says how to read them)."""
-        table = view(
-            self.frame(metric).with_columns(pl.lit(None, pl.Float64).alias("ci95")), metric
-        )
+        table = self.view_table(metric)
         body = render(table, fmt)
         if fmt not in ("table", "markdown"):
             return body

@@ -7,6 +7,7 @@ RANKING = ("aupr", "auroc", "fpr95", "aupr_in", "aupr_out", "fpr95_id")
 CALIBRATION = ("acc", "ece", "nll", "brier")
 SELECTIVE = ("aurc", "eaurc", "risk80", "risk90", "risk95")
 CONFORMAL = ("coverage", "set_size")
+OOD_SET_SIZE = "ood_set_size"  # a table cell's metric: set size on an OOD set, not ranked
 METRICS = (*RANKING, *CALIBRATION, *SELECTIVE, *CONFORMAL, "runtime")
 
 

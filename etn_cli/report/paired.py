@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from etn_cli import progress
 from etn_cli.report.bootstrap import COMPARED, Predictions, Resamples
 from etn_cli.report.tables import METHOD, SEED_KEYS, STANDARD_SCORES
 
@@ -40,9 +41,7 @@ PAIRINGS = ("headline", "same")
 def find_reference(summary: pl.DataFrame, name: str) -> tuple:
     """The method key ``--compare NAME`` names: a report label (any case), else a head name
     with one label; otherwise a usage error listing the labels."""
-    import difflib
-
-    from etn_cli.errors import UsageError
+    from etn_cli.errors import UsageError, suggest
 
     keys = summary.select(METHOD).unique(maintain_order=True).rows()
     if len(keys) < 2:  # nothing to pair with: the views would be empty
@@ -62,7 +61,7 @@ def find_reference(summary: pl.DataFrame, name: str) -> tuple:
         raise UsageError(
             f"--compare {name!r} names {len(heads)} results ({named}). Pass one label."
         )
-    close = difflib.get_close_matches(name.lower(), list(by_label), n=1, cutoff=0.5)
+    close = suggest(name.lower(), by_label, cutoff=0.5)
     hint = f" Did you mean {by_label[close[0]][1]!r}?" if close else ""
     raise UsageError(
         f"Unknown method {name!r} for --compare.{hint} Choose a label of the report: "
@@ -93,7 +92,8 @@ def compare(
         for r in cells.iter_rows(named=True)
     }
     records = []
-    for row in cells.iter_rows(named=True):
+    shown = progress.bar(cells.iter_rows(named=True), f"vs {reference[1]}", total=cells.height)
+    for row in shown:
         key = tuple(row[c] for c in METHOD)
         if key == reference:
             continue

@@ -1,7 +1,9 @@
 """``plots.json``: what a report folder holds, read back by the next report of its pipeline.
 
-The record names the files the report wrote (``files``, so that the next report removes the
-ones it no longer makes), the figures drawn per plot kind (``drawn``) with the sha256 of each
+The record names the files the folder holds per view (``views``: ``summary``, the one every
+report writes, ``auroc`` for ``--metric auroc``, ``compare-etn`` for ``--compare ETN`` …, so
+that the next report replaces the files of the views it makes and leaves the others), all of
+them (``files``), the figures drawn per plot kind (``drawn``) with the sha256 of each
 (``sha256``), the key of the metrics they were drawn from (``key``) and the folder it belongs
 to (``folder``); it is sealed like every other record (``record_sha256``). The next report
 redraws a plot kind unless the key matches and every figure of it still hashes as recorded
@@ -25,6 +27,7 @@ from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import file_sha256
 
 PLOT_RECORD = "plots.json"
+REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")  # what a report writes
 FIELDS = {"key": str, "drawn": dict, "files": list, "sha256": dict, "folder": str}
 
 
@@ -60,7 +63,11 @@ def check_plot_record(record: Any, folder: Path) -> dict[str, Any]:
         raise damaged(f"belongs to the report folder {record['folder']!r}, not {folder.name!r}")
     if not all(isinstance(drawn, list) for drawn in record["drawn"].values()):
         raise damaged("lists its figures as something other than lists of names")
+    views = record.get("views", {})
+    if not isinstance(views, dict) or not all(isinstance(v, list) for v in views.values()):
+        raise damaged("lists its views as something other than lists of names")
     names = list(record["files"]) + list(record["sha256"])
+    names += [name for files in views.values() for name in files]
     names += [name for drawn in record["drawn"].values() for name in drawn]
     outside = [name for name in names if not plain_name(name)]
     if outside:
@@ -109,14 +116,41 @@ def check_report_folder(record_path: Path) -> None:
             )
 
 
-def write_plot_record(folder: Path, key: str, drawn: dict, files: list[str]) -> None:
-    """Seal and write the record of what this report drew and wrote."""
+def views_of(record: dict[str, Any]) -> dict[str, list[str]]:
+    """The files of each view the record names; an older record, which kept one list, has
+    them all in the ``summary`` view (so the next report replaces them, as that etn did)."""
+    if "views" in record:
+        return record["views"]
+    return {"summary": list(record.get("files", []))}
+
+
+def replace_views(folder: Path, record: dict, made: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Remove what an earlier report wrote for the views in ``made`` and this one no longer
+    writes (and the unversioned names of older etn: ``frontier.png``, ``plots-<metric>.json``
+    …); return every view's files for the record: this report's, and those of the views it
+    did not make (``--metric auroc``'s table and plots survive a plain report)."""
+    earlier = views_of(record)
+    names = {name for files in made.values() for name in files}
+    stale = [folder / name for view in made for name in earlier.get(view, [])]
+    stale += [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
+    if "files" not in record:  # tables and plots of an etn that kept no list of them
+        stale += [p for p in folder.iterdir() if p.is_file() and p.suffix in REPORT_SUFFIXES]
+    for old in stale:
+        if old.name not in names:
+            old.unlink(missing_ok=True)
+    others = {v: [n for n in files if (folder / n).is_file()] for v, files in earlier.items()}
+    return {**{v: files for v, files in others.items() if files and v not in made}, **made}
+
+
+def write_plot_record(folder: Path, key: str, drawn: dict, views: dict[str, list[str]]) -> None:
+    """Seal and write the record of what the folder holds: per view, and what was drawn."""
     figures = sorted({name for names in drawn.values() for name in names})
     record = {
         "folder": folder.name,
         "key": key,
         "drawn": drawn,
-        "files": files,
+        "views": views,
+        "files": sorted({name for names in views.values() for name in names}),
         "sha256": {name: file_sha256(folder / name) for name in figures},
     }
     atomic_write_text(folder / PLOT_RECORD, json.dumps(seal_record(record)))

@@ -1,5 +1,5 @@
 """Render a results table (:func:`etn_cli.report.tables.build_table`) as text for a terminal,
-Markdown, CSV or LaTeX (booktabs, the paper's bold best and underlined second).
+Markdown, CSV, LaTeX (booktabs, the paper's bold best and underlined second) or JSON.
 
 The terminal text stays within 100 columns: a wider table (``--metric aupr`` with several OOD
 sets) is cut into blocks of whole eval sets, each repeating the Method column; Markdown, CSV
@@ -9,19 +9,23 @@ more seeds and the mean alone otherwise; methods are grouped by family, one sect
 
 from __future__ import annotations
 
+import json
 from itertools import groupby
 
 import polars as pl
 
 from etn_cli.errors import EtnError
+from etn_cli.report.metric_names import OOD_SET_SIZE
 from etn_cli.report.tables import RUNTIME
 
 LOWER_IS_BETTER = {
     "fpr95", "fpr95_id", "ece", "nll", "brier", RUNTIME,
     "aurc", "eaurc", "risk80", "risk90", "risk95", "set_size",
 }  # fmt: skip
-UNRANKED = {"coverage"}  # a conformal set's coverage should meet 1 - alpha, not be highest
-RENDER_FORMATS = ("table", "markdown", "csv", "latex")
+# a conformal set's coverage should meet 1 - alpha, not be highest; on OOD sets a larger
+# set is the honest answer, not a worse one
+UNRANKED = {"coverage", OOD_SET_SIZE}
+RENDER_FORMATS = ("table", "markdown", "csv", "latex", "json")
 ALIASES = {"md": "markdown", "tex": "latex"}
 MISSING = "–"
 FAMILY_NAMES = {
@@ -200,6 +204,25 @@ def _render_csv(table: pl.DataFrame) -> str:
     return table.select("Method", *fields, *family).write_csv()
 
 
+def table_rows(table: pl.DataFrame) -> list[dict]:
+    """The table's rows for a program (``--format json``): per method its label, family and,
+    per column as the table heads it, the cell's fields that are set (``mean``, ``ci95``,
+    ``n_seeds``, ``metric``; for paired differences ``lo``, ``hi``, ``significant``), in the
+    table's units."""
+    names = cell_columns(table)
+    family = table["Family"].to_list() if "Family" in table.columns else [None] * table.height
+    rows = []
+    for i, label in enumerate(table["Method"].to_list()):
+        cells = {name: table[name][i] for name in names}
+        shown = {
+            name: {k: v for k, v in cell.items() if v is not None}
+            for name, cell in cells.items()
+            if cell is not None and cell.get("mean") is not None
+        }
+        rows.append({"method": label, "family": family[i], "cells": shown})
+    return rows
+
+
 def render_text(table: pl.DataFrame, max_width: int | None = MAX_WIDTH) -> str:
     """Aligned plain text for a terminal or a log, at most ``max_width`` characters wide: a
     table too wide is cut into blocks of whole column groups (an eval set's columns stay
@@ -290,13 +313,14 @@ def _fit(text: str, width: int) -> str:
 
 
 def render(table: pl.DataFrame, fmt: str) -> str:
-    """Render a results table as ``table`` (terminal text), ``markdown``, ``csv`` or ``latex``
-    (``md`` and ``tex`` are accepted too)."""
+    """Render a results table as ``table`` (terminal text), ``markdown``, ``csv``, ``latex``
+    (``md`` and ``tex`` are accepted too) or ``json`` (:func:`table_rows`)."""
     renderers = {
         "table": render_text,
         "markdown": _render_md,
         "csv": _render_csv,
         "latex": _render_tex,
+        "json": lambda shown: json.dumps(table_rows(shown), indent=1, default=str) + "\n",
     }
     fmt = ALIASES.get(fmt, fmt)
     if fmt not in renderers:

@@ -22,6 +22,7 @@ import polars as pl
 from etn_cli.report.metric_names import (
     CALIBRATION,
     CONFORMAL,
+    OOD_SET_SIZE,
     RANKING,
     SELECTIVE,
 )
@@ -187,19 +188,38 @@ def selective_view(summary: pl.DataFrame) -> pl.DataFrame:
 
 def conformal_view(summary: pl.DataFrame) -> pl.DataFrame:
     """Conformal prediction sets: coverage and mean set size on the ID test set, and the
-    mean set size on every OOD set (and their averages)."""
+    mean set size on every OOD set (and their averages; a group's only when it is not one
+    set's column again). OOD set sizes are not ranked: there a larger set is the honest
+    answer ("I don't know"), not a worse one."""
     id_dataset = summary["id_dataset"][0]
     is_id = (pl.col("task") == "id") & (pl.col("eval_set") == id_dataset)
     specs = [
         (f"{id_dataset} Coverage", is_id & (pl.col("metric") == "coverage"), "coverage"),
         (f"{id_dataset} Size", is_id & (pl.col("metric") == "set_size"), "set_size"),
     ]
-    sets = summary.filter((pl.col("task") == "ood") & (pl.col("metric") == "set_size"))
-    for eval_set in sets["eval_set"].unique(maintain_order=True).to_list():
+    sizes = summary.filter((pl.col("task") == "ood") & (pl.col("metric") == "set_size"))
+    for eval_set in _ood_size_columns(sizes, f"{id_dataset}-OOD"):
         keep = (pl.col("task") == "ood") & (pl.col("eval_set") == eval_set)
         name = f"OOD set size {eval_set}"  # the eval set under one "OOD set size" heading
-        specs.append((name, keep & (pl.col("metric") == "set_size"), "set_size"))
+        specs.append((name, keep & (pl.col("metric") == "set_size"), OOD_SET_SIZE))
     return build_table(summary, specs)
+
+
+def _ood_size_columns(sizes: pl.DataFrame, average: str) -> list[str]:
+    """The OOD eval sets of ``sizes`` to show, less each group (``semantic-OOD``) whose
+    sizes are those of one of the sets, which is what a group of one set is."""
+    names = sizes["eval_set"].unique(maintain_order=True).to_list()
+    by_set = {
+        name: sizes.filter(pl.col("eval_set") == name).sort(METHOD, nulls_last=True)["mean"]
+        for name in names
+    }
+    members = [name for name in names if not name.endswith("-OOD")]
+
+    def repeats(group: str) -> bool:
+        return any(by_set[group].equals(by_set[member]) for member in members)
+
+    grouped = [n for n in names if n.endswith("-OOD") and n != average and repeats(n)]
+    return [name for name in names if name not in grouped]
 
 
 def view(summary: pl.DataFrame, metric: str | None) -> pl.DataFrame:
@@ -261,6 +281,7 @@ METRIC_NOTES = {  # which class is positive, for the one-metric tables (see metr
     **dict.fromkeys(
         CONFORMAL,
         "Conformal prediction sets: Coverage, the share of ID test sets holding the label\n"
-        "(target 1 - alpha); Size, the mean number of classes per set (lower is better).",
+        "(target 1 - alpha); Size, the mean number of classes per set (lower is better on\n"
+        "the ID test set; on OOD sets a larger set is the honest answer, so none is marked).",
     ),
 }

@@ -23,7 +23,6 @@ mi and de flag rows above it.
 
 from __future__ import annotations
 
-import difflib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 
 from etn_cli import progress
 from etn_cli.datasets.base import Split
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 from etn_cli.metrics.score_names import HIGHER_MEANS_ID
 from etn_cli.planning.plan import Plan, open_source
 from etn_cli.stages.predict_options import (
@@ -108,7 +107,9 @@ def predict_frame(
     device: str = "cpu",
 ) -> Any:
     """The rows :func:`predict` writes, as a polars DataFrame; nothing is written."""
+    from etn_cli.stages.conformal_sets import calibrate
     from etn_cli.stages.extract import load_backbone
+    from etn_cli.store.reading.reader import read_split
 
     check_input_named(inputs)
     trained = read_head(pipeline_head(plan, head, seed).path)
@@ -120,54 +121,57 @@ def predict_frame(
     found = resolve_inputs(plan, inputs, trained.n_classes_)
     hidden, logits, layers, labels = backbone_outputs(load_backbone(plan, device), found, plan)
     prediction = trained.predict(hidden, logits, layers=layers, device=device)
-    letters = getattr(plan.backbone.config, "letters", None)
-    classes = (plan.adapt.fingerprint or {}).get("source", {}).get("classes")  # image_folder
+    names, kind = class_names(plan, trained.n_classes_)
     columns: dict[str, Any] = {"input": found.names}
     if found.kind == "split":
         columns["index"] = found.split.index
     if found.labelled:
         columns["label"] = labels
-    columns.update(prediction_columns(prediction, letters, classes))
+    columns.update(prediction_columns(prediction, names, kind))
     columns.update(flag_columns(prediction.scores, thresholds or {}, trained.name))
     if plan.pipeline.conformal is not None:
         rows = found.split.index if found.kind == "split" else np.arange(len(found.names))
         name = f"{found.split.dataset}:{found.split.split}"
-        columns.update(set_columns(plan, trained, prediction.probs, rows, name, device))
+        member = calibrate(plan, trained, read_split, device).sets(prediction.probs, rows, name)
+        columns.update(set_columns(member, names))  # member: (N, C)
     import polars as pl
 
     return pl.DataFrame(columns)
 
 
-def prediction_columns(
-    prediction: Any, letters: tuple[str, ...] | None, classes: list[str] | None = None
-) -> dict[str, Any]:
-    """Prediction (and its letter or class name), its probability, every class's
-    probability (``prob_<letter>`` / ``prob_<class name>`` where known), every score."""
+def class_names(plan: Plan, n_classes: int) -> tuple[list | None, str]:
+    """The pipeline's names of its ``n_classes`` classes and what they are: an LLM's answer
+    letters (``"letter"``), the class names (``"class"``) of an image folder (or the digits'
+    numbers), or none."""
+    letters = getattr(plan.backbone.config, "letters", None) if plan.backbone else None
+    if letters:
+        return list(letters), "letter"
+    classes = (plan.adapt.fingerprint or {}).get("source", {}).get("classes")  # image_folder
+    return (list(classes), "class") if classes and len(classes) == n_classes else (None, "class")
+
+
+def prediction_columns(prediction: Any, named: list | None, kind: str) -> dict[str, Any]:
+    """Prediction (and, with ``named`` classes, its letter or class name: ``kind``), its
+    probability, every class's probability (``prob_<letter>`` / ``prob_<class name>`` where
+    known), every score."""
     probs, predicted = prediction.probs, prediction.predictions  # (N, C), (N,)
-    named = letters or (classes if classes and len(classes) == probs.shape[1] else None)
-    names = list(named) if named else [str(k) for k in range(probs.shape[1])]
+    names = named or [str(k) for k in range(probs.shape[1])]
     columns: dict[str, Any] = {"prediction": predicted}
     if named:
-        columns["letter" if letters else "class"] = [names[k] for k in predicted]
+        columns[kind] = [names[k] for k in predicted]
     columns["probability"] = probs[np.arange(len(probs)), predicted]
     columns.update({f"prob_{name}": probs[:, k] for k, name in enumerate(names)})
     columns.update(prediction.scores)
     return columns
 
 
-def set_columns(
-    plan: Plan, head: Any, probs: np.ndarray, rows: np.ndarray, name: str, device: str
-) -> dict[str, Any]:
-    """``prediction_set`` (``{3, 5}``; letters or class names where known) and ``set_size``:
-    the conformal set of each row, the head calibrated on the pipeline's calibration rows
-    as ``etn evaluate`` calibrates it (on a split it evaluated, the same sets)."""
-    from etn_cli.stages.conformal_sets import calibrate
-    from etn_cli.store.reading.reader import read_split
-
-    member = calibrate(plan, head, read_split, device).sets(probs, rows, name)  # (N, C)
-    letters = getattr(plan.backbone.config, "letters", None) if plan.backbone else None
-    names = list(letters) if letters else [str(k) for k in range(member.shape[1])]
-    sets = ["{" + ", ".join(names[k] for k in np.flatnonzero(row)) + "}" for row in member]
+def set_columns(member: np.ndarray, named: list | None) -> dict[str, Any]:
+    """``prediction_set`` (``{3, 5}``; ``{fox, owl}`` with ``named`` classes or letters) and
+    ``set_size`` of each row's conformal set, ``member`` (N, C) marking its classes (the head
+    calibrated on the pipeline's calibration rows as ``etn evaluate`` calibrates it, so on a
+    split it evaluated the same sets)."""
+    names = named or [str(k) for k in range(member.shape[1])]
+    sets = ["{" + ", ".join(str(names[k]) for k in np.flatnonzero(row)) + "}" for row in member]
     return {"prediction_set": sets, "set_size": member.sum(axis=1)}
 
 
@@ -277,8 +281,7 @@ def dataset_split(plan: Plan, text: str) -> Inputs:
 
     name, _, split_name = text.partition(":")
     if name not in datasets:
-        close = difflib.get_close_matches(name, datasets.names(), n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        hint = did_you_mean(name, datasets.names(), n=3, cutoff=0.5)
         raise EtnError(
             f"Input {text!r} is no image folder, .jsonl file or dataset split (no file or "
             f"folder of that name): Unknown dataset {name!r}.{hint} Check the path, or see "

@@ -6,13 +6,12 @@ numpy or torch: a mistake is one line at once.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 from pathlib import Path
 from typing import Any
 
-from etn_cli.errors import EtnError
+from etn_cli.errors import EtnError, did_you_mean
 from etn_cli.metrics.score_names import HIGHER_MEANS_ID
 
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
@@ -96,8 +95,7 @@ def check_head_named(pipeline: Any, head: str) -> None:
 def no_head(where: Any, head: str, names: set[str], labels: set[str]) -> EtnError:
     """The line for a ``--head`` that names none of the heads ``names`` (registered names)
     and ``labels`` (report labels): the stage's and :func:`check_head_named`'s."""
-    close = difflib.get_close_matches(head, sorted(names | labels), n=3, cutoff=0.5)
-    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    hint = did_you_mean(head, sorted(names | labels), n=3, cutoff=0.5)
     shown = ", ".join(sorted(names))
     return EtnError(f"Pipeline {where} has no head {head!r}.{hint} Its heads: {shown}.")
 

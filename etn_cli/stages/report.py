@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,16 @@ from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
 from etn_cli.report.failures import failures_note, with_failed_rows
 from etn_cli.report.frontier import frontier_plot
-from etn_cli.report.plot_record import intact_figures, read_plot_record, write_plot_record
+from etn_cli.report.metric_names import SELECTIVE
+from etn_cli.report.plot_record import (
+    intact_figures,
+    read_plot_record,
+    replace_views,
+    write_plot_record,
+)
 from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
-from etn_cli.report.render import render
+from etn_cli.report.render import render, table_rows
 from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.tables import read_metrics, summarize
 from etn_cli.report.views import footnote, view
@@ -51,8 +58,8 @@ from etn_cli.store.fingerprint import fingerprint_key
 PLOTS_VERSION = 9
 RELIABILITY = "reliability"  # drawn once per report, whatever the --metric
 RISK_COVERAGE = "risk-coverage"  # likewise
+SUMMARY_VIEW = "summary"  # what every report writes; --metric M and --compare X add a view each
 TABLE_FILES = {"table": "txt", "markdown": "md", "csv": "csv", "latex": "tex"}
-REPORT_SUFFIXES = (".txt", ".md", ".csv", ".tex", ".png", ".pdf")
 
 
 def metrics_paths(plan: Plan, units: Sequence[MetricsUnit] | None = None) -> list[Path]:
@@ -98,20 +105,25 @@ def table_text(
     failed: Sequence[dict] = (),
 ) -> str:
     """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote
-    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given);
-    with a paired ``comparison``, cells that differ significantly from its reference carry a
-    ``†``; a ``failed`` method (an entry of :func:`failed_entries`) without results has a
-    ``(failed)`` row, one with results from some seeds a ``‡`` (plain text and Markdown), and
-    the footnote says why each failed and how many seeds the marked numbers come from."""
+    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given)
+    and, for a selective-prediction metric, the overview of them all (AURC, E-AURC, risks)
+    above its table; with a paired ``comparison``, cells that differ significantly from its
+    reference carry a ``†``; a ``failed`` method (an entry of :func:`failed_entries`) without
+    results has a ``(failed)`` row, one with results from some seeds a ``‡`` (plain text and
+    Markdown), and the footnote says why each failed and how many seeds the marked numbers
+    come from."""
     if fmt == "json":
-        return results_json(summary)
-    table = view(comparison.marked(summary, metric) if comparison else summary, metric)
+        return shown_json(summary, metric)
+    marked = comparison.marked(summary, metric) if comparison else summary
+    table = view(marked, metric)
     shown = summary["method_label"].unique().to_list() if failed else []
     with_notes = fmt in ("table", "markdown")
     if failed:
         table = with_failed_rows(table, failed, shown, mark=with_notes)
     body = render(table, fmt)
     if with_notes:
+        if metric in SELECTIVE:
+            body = render(view(marked, "selective"), fmt) + "\n" + body
         note = footnote(table, metric) + (f"\n{fitted_on}" if fitted_on else "")
         note += f"\n{failures_note(failed, shown)}" if failed else ""
         note += f"\n{comparison.note()}" if comparison else ""
@@ -166,6 +178,26 @@ def _md_note(note: str) -> str:
     return "\n".join(line.replace("*", r"\*", 1) for line in note.splitlines())
 
 
+def shown_json(
+    summary: pl.DataFrame, metric: str | None, comparison: Comparison | None = None
+) -> str:
+    """What the printed table shows, for a program (``--format json``): per method and column
+    the mean and 95% CI half-width in the table's units (its footnote says which), and with a
+    ``comparison`` its differences likewise; ``--rows`` gives every row instead
+    (:func:`results_json`)."""
+    table = view(comparison.marked(summary, metric) if comparison else summary, metric)
+    record = {
+        "pipeline": summary["pipeline"][0] if "pipeline" in summary.columns else None,
+        "view": metric or "summary",
+        "footnote": footnote(table, metric).splitlines(),
+        "rows": table_rows(table),
+    }
+    if comparison is not None:
+        compared = comparison.view_table(metric)
+        record["comparison"] = {"reference": comparison.reference, "rows": table_rows(compared)}
+    return json.dumps(record, indent=1, default=str)
+
+
 def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
     """Per method, metric, score and eval set: mean, 95% CI half-width, seeds, rows of the
     eval set; with how it was made."""
@@ -185,40 +217,46 @@ def report(
     metric: str | None = None,
     compare: str | None = None,
     bootstrap: int = BOOTSTRAP_SAMPLES,
+    rows: bool = False,
 ) -> tuple[str, list[Path], list[dict[str, Any]]]:
     """Write the pipeline's tables, results.json and plots under ``reports/<pipeline>/`` and
     return the table in ``fmt``, the paths written (unchanged plots are not redrawn) and the
     failed entries (:func:`failed_entries`). ``compare`` names a reference method for paired
-    comparisons (``bootstrap`` replicates), whose table follows the results table. A method
-    whose unit has a failure record is reported as failed, with the reason; any other missing
-    metrics file refuses the report."""
+    comparisons (``bootstrap`` replicates), whose table follows the results table. ``rows``
+    with ``fmt="json"`` returns every result row (``results.json``) instead of the table's
+    cells. A method whose unit has a failure record is reported as failed, with the reason;
+    any other missing metrics file refuses the report."""
     failed_by_key = failed_entries(plan)
     failed = list(failed_by_key.values())
     units = [u for u in plan.metrics if u.key not in failed_by_key]
     if not units:
         return (*every_method_failed(plan, failed), failed)
-    metrics = with_shift_groups(read_metrics(metrics_paths(plan, units)), plan)
-    summary = summarize(metrics)
+    name = plan.pipeline.name
+    with progress.step("report", f"{name}: summary of {len(units)} metrics files"):
+        metrics = with_shift_groups(read_metrics(metrics_paths(plan, units)), plan)
+        summary = summarize(metrics)
     fitted_on = notes(metrics)
     comparison = None
     if compare is not None:
-        rows = [predictions_path(u.path) for u in units]
-        comparison = paired_comparison(summary, metrics, rows, compare, bootstrap)
+        predicted = [predictions_path(u.path) for u in units]
+        with progress.step("report", f"{name}: paired bootstrap against {compare}"):
+            comparison = paired_comparison(summary, metrics, predicted, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, wanted in _tables(summary, metric):
-        for each, suffix in TABLE_FILES.items():
-            path = folder / f"{name}.{suffix}"
-            text = table_text(summary, each, wanted, fitted_on, comparison, failed=failed)
-            atomic_write_text(path, text)
-            written.append(path)
+    made: dict[str, list[Path]] = {}  # view -> the files this report wrote for it
+    for view_name, stem, wanted in _tables(summary, metric):
+        text = partial(
+            table_text,
+            summary,
+            metric=wanted,
+            fitted_on=fitted_on,
+            comparison=comparison,
+            failed=failed,
+        )
+        made.setdefault(view_name, []).extend(_write_table(folder, stem, text))
     if comparison is not None:
         stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
-        for each, suffix in TABLE_FILES.items():
-            path = folder / f"{stem}.{suffix}"
-            atomic_write_text(path, comparison.table_text(each, metric))
-            written.append(path)
+        made[stem] = _write_table(folder, stem, partial(comparison.table_text, metric=metric))
     extra = {
         "pipeline_file": str(plan.pipeline.path),
         "selection": selection(
@@ -230,17 +268,22 @@ def report(
     if comparison is not None:
         extra["comparisons"] = comparison.records()
     atomic_write_text(folder / "results.json", results_json(summary, extra))
-    written.append(folder / "results.json")
+    made[SUMMARY_VIEW].append(folder / "results.json")
     record = earlier_record(folder)
-    plots, drawn, key = _plots(units, metrics, folder, metric, record)
-    written += plots
-    names = {p.name for p in written}
-    for old in _earlier_files(folder, record):  # a table or plot this report no longer makes
-        if old.name not in names:
-            old.unlink(missing_ok=True)
-    write_plot_record(folder, key, drawn, sorted(names))
+    with progress.step("report", f"{name}: plots"):
+        plots, drawn, key = _plots(units, metrics, folder, metric, record)
+    for kind, paths in plots.items():  # the frontier of --metric auroc is auroc's view
+        made.setdefault(kind if kind == metric and kind != "aupr" else SUMMARY_VIEW, []).extend(
+            paths
+        )
+    views = replace_views(folder, record, {v: [p.name for p in ps] for v, ps in made.items()})
+    kept = {name for names in views.values() for name in names}
+    drawn = {kind: names for kind, names in drawn.items() if set(names) <= kept}
+    write_plot_record(folder, key, drawn, views)
+    written = [path for paths in made.values() for path in paths]
     if fmt == "json":
-        return results_json(summary, extra), written, failed
+        shown = results_json(summary, extra) if rows else shown_json(summary, metric, comparison)
+        return shown, written, failed
     shown = table_text(summary, fmt, metric, fitted_on, comparison, failed=failed)
     if comparison is not None:
         shown = shown.rstrip("\n") + "\n\n" + comparison.table_text(fmt, metric)
@@ -256,29 +299,41 @@ def every_method_failed(plan: Plan, failed: list[dict]) -> tuple[str, list[Path]
     return f"No results: every method failed.\n{failures_note(failed)}\n", [folder / "results.json"]
 
 
-def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str | None]]:
-    """(file stem, view) of every table a report writes: the summary, the paper's AUPR,
-    calibration, selective prediction, conformal sets (when evaluated) and the ``--metric``."""
+def _write_table(folder: Path, stem: str, text: Callable[[str], str]) -> list[Path]:
+    """``<stem>.txt``, ``.md``, ``.csv`` and ``.tex``, each ``text(format)``."""
+    paths = []
+    for each, suffix in TABLE_FILES.items():
+        atomic_write_text(folder / f"{stem}.{suffix}", text(each))
+        paths.append(folder / f"{stem}.{suffix}")
+    return paths
+
+
+def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str, str | None]]:
+    """(view, file stem, table) of every table a report writes: the summary view's summary,
+    the paper's AUPR, calibration, selective prediction and conformal sets (when evaluated);
+    the ``--metric`` view's own table when it is none of those."""
     tables = [("summary", None), ("aupr", "aupr"), ("calibration", "ece")]
     tables.append(("selective", "selective"))
     if summary.filter(pl.col("metric") == "coverage").height:
         tables.append(("conformal", "coverage"))
     named = {wanted for _, wanted in tables}
-    return tables + ([(metric, metric)] if metric is not None and metric not in named else [])
+    own = [(metric, metric, metric)] if metric is not None and metric not in named else []
+    return [(SUMMARY_VIEW, name, wanted) for name, wanted in tables] + own
 
 
 def _plots(
     units: list[MetricsUnit], metrics: pl.DataFrame, folder: Path, metric: str | None, record: dict
-) -> tuple[list[Path], dict, str]:
+) -> tuple[dict[str, list[Path]], dict, str]:
     """Draw the sweep and frontier plots (per ranking metric) and the reliability diagrams
-    unless ``record`` says these exact metrics were drawn already; returns the paths, what was
-    drawn per plot kind, and the metrics' key."""
+    unless ``record`` says these exact metrics were drawn already; returns the paths per plot
+    kind, what the record says was drawn (this report's kinds and, from the same metrics,
+    earlier ones), and the metrics' key."""
     from etn_cli.report.views import RANKING
 
     wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
     key = fingerprint_key({"metrics": [u.key for u in units], "plots": PLOTS_VERSION})
-    drawn = record.get("drawn", {}) if record.get("key") == key else {}
-    files: list[Path] = []
+    drawn = dict(record.get("drawn", {})) if record.get("key") == key else {}
+    files: dict[str, list[Path]] = {}
 
     def ranking(name: str):
         return lambda: sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
@@ -292,8 +347,8 @@ def _plots(
         if not intact_figures(folder, record, drawn.get(name, [])):
             paths = draw()
         drawn[name] = [p.name for p in paths]
-        files += paths
-    return files, {name: drawn[name] for name in plots}, key
+        files[name] = paths
+    return files, drawn, key
 
 
 def earlier_record(folder: Path) -> dict:
@@ -305,16 +360,6 @@ def earlier_record(folder: Path) -> dict:
     except DamagedArtefact as damage:
         progress.say(repair_line(damage, "Redrawing every figure."))
         return {}
-
-
-def _earlier_files(folder: Path, record: dict) -> list[Path]:
-    """Files an earlier report wrote: those in its record, and the unversioned names of
-    older etn (``frontier.png``, ``plots-<metric>.json``, ``<metric>.md`` …)."""
-    named = [folder / f for f in record.get("files", [])]
-    legacy = [*folder.glob("frontier.p[nd][gf]"), *folder.glob("plots-*.json")]
-    if "files" not in record:  # tables and plots of an etn that kept no list of them
-        legacy += [p for p in folder.iterdir() if p.is_file() and p.suffix in REPORT_SUFFIXES]
-    return named + legacy
 
 
 def with_shift_groups(metrics: pl.DataFrame, plan: Plan) -> pl.DataFrame:
@@ -341,16 +386,22 @@ def report_folder(plan: Plan) -> Path:
     return plan.data_dir / "reports" / name
 
 
-def report_files(paths: list[Path], *, fmt: str = "table", metric: str | None = None) -> str:
-    """Render tables straight from metrics Parquet files (any source, one table per setting)."""
+def report_files(
+    paths: list[Path], *, fmt: str = "table", metric: str | None = None, rows: bool = False
+) -> str:
+    """Render tables straight from metrics Parquet files (any source, one table per setting;
+    ``rows``: see :func:`report`)."""
     from etn_cli.report.tables import split_by_backbone
 
     metrics = read_metrics(paths)
     summary = summarize(metrics)
     fitted_on = notes(metrics)
-    if fmt == "json":
+    if fmt == "json" and rows:
         return results_json(summary)
     parts = split_by_backbone(summary)
+    if fmt == "json":  # one document: a list of the settings' tables
+        shown = [json.loads(shown_json(part, metric)) for part in parts.values()]
+        return json.dumps(shown[0] if len(shown) == 1 else shown, indent=1)
     rendered = []
     for (pipeline, backbone), part in parts.items():
         title = f"{pipeline} ({backbone})"
