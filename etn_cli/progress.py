@@ -145,7 +145,8 @@ def skipped(stage: str, name: str, reason: str = "up to date") -> None:
 
 @contextmanager
 def unit(stage: str, name: str, reason: str = "") -> Iterator[None]:
-    """Bracket the building of one unit with a start and an end line (``FAILED`` on error).
+    """Bracket the building of one unit with a start and an end line (``FAILED`` on error,
+    ``interrupted`` on Ctrl-C).
     On a terminal at normal verbosity the start line waits :data:`SLOW_S` seconds and is
     never printed for a unit that ends sooner: one line per unit, the table stays in view."""
     prefix = f"{_counter()}{stage:<8} {name}"
@@ -161,10 +162,11 @@ def unit(stage: str, name: str, reason: str = "") -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
-    except BaseException:
-        # The reason follows once, as the command's ``error:`` line or the run's summary.
-        seconds = time.perf_counter() - started
-        _write(f"{prefix}: FAILED after {seconds:.1f} s")
+    except BaseException as err:
+        # The reason follows once, as the command's ``error:`` line or the run's summary;
+        # Ctrl-C is no failure: the command's last line says how to resume.
+        ended = "interrupted" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        _write(f"{prefix}: {ended} after {time.perf_counter() - started:.1f} s")
         raise
     finally:
         if later is not None:

@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from cli_runner import fresh_data
+from cli_runner import fresh_data, unstamped
 from safetensors.torch import save_file
 
 from etn_cli.errors import EtnError
@@ -201,6 +201,26 @@ def kill_at_random_moments(
             found = verify(data)  # whatever the moment, nothing finished is damaged
             assert not found.damaged, [d.line() for d in found.damaged]
     return killed
+
+
+def test_ctrl_c_says_interrupted_and_that_a_rerun_resumes_then_a_rerun_does(
+    reference: tuple[Path, Path], tmp_path: Path
+) -> None:
+    pipeline, reference_data = reference
+    data = fresh_data(tmp_path, reference)
+    process = start_run(pipeline, data)
+    started = lambda: any(data.glob("features/*/*.partial-*"))  # noqa: E731
+    assert wait_until(started, process), "the run ended before its first unit started"
+    process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    _, err = process.communicate(timeout=120)
+    lines = unstamped(err.decode())
+    assert process.returncode == 130, err.decode()
+    assert not any("FAILED" in line or "Traceback" in line for line in lines), lines
+    assert re.fullmatch(r"\[1/\d+\] extract +digits\.adapt: interrupted after [\d.]+ s", lines[-2])
+    command = f"etn run {pipeline} -d {data}"
+    assert lines[-1] == f"interrupted: `{command}` resumes from the finished units"
+    assert run_pipeline(pipeline, data).ok
+    assert_same_metrics(data, reference_data)
 
 
 def test_runs_killed_at_random_moments_then_rerun_equal_an_uninterrupted_run(

@@ -125,7 +125,11 @@ def run(
     if dry_run:
         typer.echo(dry_run_report(pipelines, data, options, device))
         return
-    outcomes = run_many(pipelines, data, device=device, options=options)
+    try:
+        outcomes = run_many(pipelines, data, device=device, options=options)
+    except KeyboardInterrupt:  # no failure: the units finished so far are sealed and kept
+        progress.write_line(progress.stamped(resume_line(pipelines, data_dir)))
+        raise typer.Exit(130) from None
     if not is_main_process():
         raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
     tables = [o for o in outcomes if o.ok and o.table]
@@ -141,6 +145,12 @@ def run(
             typer.echo(" ".join(outcome.line().split("\n")), err=True)
     if not all(o.ok for o in outcomes):  # 2: the user's to fix, as every `error:` line; 1: a bug
         raise typer.Exit(1 if any(o.bug for o in outcomes) else 2)
+
+
+def resume_line(pipelines: list[Path], data_dir: Path | None) -> str:
+    """The last line of an ``etn run`` stopped by Ctrl-C: the same command resumes it."""
+    again = ["etn run", *map(str, pipelines), *(["-d", str(data_dir)] if data_dir else [])]
+    return f"interrupted: `{' '.join(again)}` resumes from the finished units"
 
 
 def check_pipelines(

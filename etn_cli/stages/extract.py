@@ -296,8 +296,13 @@ def batches_of(backbone: Any, split: Any, plan: Plan, device: str) -> Iterable:
 
 
 def split_name(unit: FeatureUnit) -> str:
-    """How a feature unit is named in progress lines: ``digits.test`` (its role if own)."""
-    return f"{unit.dataset}.{unit.split}" if unit.dataset else f"{unit.name} ({unit.role})"
+    """How a feature unit is named in progress lines: ``digits.test`` (its role if own); the
+    rows of the adaptation split that ``[conformal]`` holds out of fitting are
+    ``digits.adapt (held out for calibration)``."""
+    if not unit.dataset:
+        return f"{unit.name} ({unit.role})"
+    held_out = unit.part is not None and unit.part[0] == "holdout"
+    return f"{unit.dataset}.{unit.split}" + (" (held out for calibration)" if held_out else "")
 
 
 def load_backbone(plan: Plan, device: str) -> Any:

@@ -126,9 +126,10 @@ def ensure_data_dir(data_dir: Path) -> Path:
 def unit_count(plan) -> int:
     """How many units ``etn run`` goes through for ``plan`` (the ``[k/N]`` of its lines), the
     same units ``etn status`` and ``--dry-run`` list: the fine-tuned backbone, the feature
-    splits, the backbone's classifier (saved when etn extracts), the heads and their metrics."""
-    saved = plan.backbone is not None and plan.classifier_path is not None
-    return int(plan.finetune is not None) + len(plan.feature_units) + saved + 2 * len(plan.heads)
+    splits, the classifier (the backbone's, or your own features'), the heads and their
+    metrics."""
+    finetuned = plan.finetune is not None
+    return finetuned + len(plan.feature_units) + plan.stores_classifier + 2 * len(plan.heads)
 
 
 def run_pipeline(
