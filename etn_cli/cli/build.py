@@ -139,6 +139,8 @@ def run(
     for outcome in outcomes:
         for stage in outcome.stages:  # a log keeps each stage's counts; a terminal with -v
             (progress.detail if progress.on_terminal() else progress.say)(stage)
+        for line in outcome.written:  # the report's full paths, then the closing line
+            progress.say(line)
         if outcome.ok:
             progress.say(outcome.line())
         else:
@@ -312,8 +314,9 @@ def predict(
         list[str] | None,
         typer.Option(
             "--threshold",
-            metavar="SCORE=VALUE",
-            help="Repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5.",
+            metavar="SCORE@PERCENT|SCORE=VALUE",
+            help="Repeatable: flag rows, e.g. mp@95 (the threshold that keeps 95% of the "
+            "adaptation split's rows; choose thresholds there), mi=0.2 (above), mp=0.5.",
         ),
     ] = None,
     data_dir: DataDir = None,
@@ -336,7 +339,7 @@ def predict(
     loaded = checked_pipeline(pipeline, overrides)  # a mistake in the file before torch loads
     from etn_cli.stages import predict_options as check
 
-    thresholds = check.parse_thresholds(threshold or [])
+    thresholds, keep = check.parse_thresholds(threshold or [])
     check.output_format(out)
     check.check_input_named(inputs)
     check.check_head_named(loaded, head)
@@ -349,7 +352,7 @@ def predict(
             f"--sets prints conformal prediction sets, but {pipeline} has no [conformal] "
             'section. Add one (e.g. [conformal] method = "raps") and run etn run again.'
         )
-    options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
+    options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds, "keep": keep}
     result = run_predict(plan, inputs, device=dev, **options)
     if sets:
         for name, members in zip(

@@ -85,7 +85,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
         for unit in plan.feature_units:
             extract_unit(plan, unit, splits[unit.path], backbone, device, world, result)
         if world.main:
-            store_classifier(plan, backbone)
+            store_classifier(plan, backbone, result)
     return result
 
 
@@ -327,11 +327,12 @@ def load_backbone(plan: Plan, device: str) -> Any:
 CLASSIFIER_UNIT = "classifier (backbone's final layer)"
 
 
-def store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
+def store_classifier(plan: Plan, backbone: Callable[[], Any], result: StageResult) -> None:
     """Save the backbone's final layer once per backbone, for the baselines that start from it:
-    one unit of the run, after the feature splits, as ``etn status`` lists it."""
+    one unit of the run, after the feature splits, as ``etn status`` lists it (and counted in
+    the extract summary, so that a run's ``N built`` agrees with its ``[k/N]``)."""
     if plan.classifier_path is not None:
-        build_unit(ExtractedClassifier(plan.classifier_path, backbone), StageResult("extract"))
+        build_unit(ExtractedClassifier(plan.classifier_path, backbone), result)
 
 
 class ExtractedClassifier(Unit):
@@ -340,7 +341,6 @@ class ExtractedClassifier(Unit):
     name = CLASSIFIER_UNIT
     why = "no intact classifier.safetensors"
     again = "Saving it again."  # derived from the backbone
-    counted = False  # a line of the run, not a split: the extract summary counts splits
 
     def __init__(self, path: Path, backbone: Callable[[], Any]) -> None:
         self.path, self.backbone = path, backbone

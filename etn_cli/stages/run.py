@@ -23,7 +23,7 @@ from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 from etn_cli.stages.prepare import prepare
-from etn_cli.stages.report import report
+from etn_cli.stages.report import report, written_lines
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import train
 from etn_cli.store.artefacts.sealed import discard, repair_line
@@ -54,6 +54,7 @@ class RunOutcome:
     table: str = ""
     bug: bool = False
     stages: tuple[str, ...] = ()  # each stage's summary ("train: 61 built, 0 up to date")
+    written: tuple[str, ...] = ()  # what it says of its report: ``wrote /abs/path`` lines
 
     def line(self) -> str:
         """The pipeline's closing line, kept within 100 columns for a usual path when ok."""
@@ -64,18 +65,12 @@ class RunOutcome:
         return f"FAILED {self.path} ({self.seconds:.1f} s): {self.message}"
 
 
-def run_summary(results: list[StageResult], report_folder: Path | None, data_dir: Path) -> str:
-    """``127 built, 0 up to date; report: reports/digits/`` (the folder under the data
-    directory printed at the top of the run); every stage's count is in ``etn status``."""
+def run_summary(results: list[StageResult]) -> str:
+    """``128 built, 0 up to date``: every unit of the run's ``[k/N]``, as ``etn status``
+    lists them."""
     built = sum(len(r.done) for r in results)
     kept = sum(len(r.skipped) for r in results)
-    text = f"{built} built, {kept} up to date"
-    if report_folder is not None:
-        folder = Path(report_folder).resolve()
-        root = Path(data_dir).resolve()
-        shown = folder.relative_to(root) if folder.is_relative_to(root) else folder
-        text += f"; report: {shown}/"
-    return text
+    return f"{built} built, {kept} up to date"
 
 
 def resolve_device(device: str) -> str:
@@ -161,10 +156,10 @@ def run_pipeline(
                 progress.say(repair_line(damage, f"Rebuilding {damage.path.name}."))
                 with unit_lock(damage.path):
                     discard(damage.path)
-    folder = written[0].parent if written else None
-    message = run_summary(results, folder, data_dir)
-    stages = tuple(r.summary() for r in results)
-    return RunOutcome(path, True, time.perf_counter() - started, message, table, stages=stages)
+    message, stages = run_summary(results), tuple(r.summary() for r in results)
+    seconds = time.perf_counter() - started
+    lines = tuple(written_lines(written))
+    return RunOutcome(path, True, seconds, message, table, stages=stages, written=lines)
 
 
 def run_stages(plan: Plan, dev: str, extract_only: bool) -> list[StageResult]:
