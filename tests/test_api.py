@@ -269,8 +269,8 @@ def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_
         ((pipeline, tmp_path), "'digits_cnn' .* cannot read image folders"),
         ((pipeline, "digitz:test"), r"Unknown dataset 'digitz'\. Did you mean: digits"),
         ((pipeline, "digits:valid"), "no split 'valid'. Available: train, adapt, test"),
-        ((pipeline, "digits:test", "--threshold", "mi"), "expects SCORE=VALUE"),
-        ((pipeline, "digits:test", "--threshold", "xx=1"), "expects SCORE=VALUE"),
+        ((pipeline, "digits:test", "--threshold", "mi"), "expects SCORE@PERCENT"),
+        ((pipeline, "digits:test", "--threshold", "xx=1"), "expects SCORE@PERCENT"),
         ((pipeline, "digits:test", "--head", "map", "--threshold", "mi=1"), "gives no 'mi'"),
     ]
     before = files_of(data)
