@@ -39,6 +39,7 @@ README = ROOT / "README.md"
 DOCUMENTS = (README, *sorted((ROOT / "docs").glob("*.md")))  # where the blocks may stand
 PIPELINE = ROOT / "pipelines" / "digits.toml"
 BLOCK = re.compile(r"(<!-- figures: ([\w-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
+COUNTER = re.compile(r"\[ +\d+/\d+\]")  # a progress counter, never broken across lines
 NUMBER = re.compile(r"[−+-]?\d[\d,]*\.?\d*")
 WIDTH = 96  # the README's prose wraps at about this width
 COMPARED = ("etn", "etn_offset", "map", "map_edl", "dmm")  # the methods the paired text names
@@ -162,8 +163,9 @@ def wrapped(text: str) -> str:
     """A paragraph of prose at the README's width; fenced blocks and tables as they are."""
     if text.startswith(("```", "`Fitted")):
         return text
-    lines = textwrap.wrap(text.strip("\n"), WIDTH, break_on_hyphens=False, break_long_words=False)
-    return "\n".join(lines) + "\n"
+    kept = COUNTER.sub(lambda m: m[0].replace(" ", "\xa0"), text.strip("\n"))  # `[  8/128]`
+    lines = textwrap.wrap(kept, WIDTH, break_on_hyphens=False, break_long_words=False)
+    return "\n".join(lines).replace("\xa0", " ") + "\n"
 
 
 def unwrapped_blocks(run: Run) -> dict[str, str]:
@@ -250,25 +252,23 @@ def unwrapped_blocks(run: Run) -> dict[str, str]:
 
 
 def quick_start_output(run: Run) -> str:
-    """What the Quick start's run prints, with the run's own counts."""
-    units, built = unit_count(run), built_count(run)
+    """What the Quick start's run prints, with the run's own counts: its ``[k/N]`` total is
+    ``etn status``'s count of units, and the closing line counts the same units."""
+    units = unit_count(run)
+    eighth = f"[{8:>{len(str(units))}}/{units}]"  # as etn pads the counter
     return (
-        f"On a terminal it prints one line on stderr per unit of work it finishes "
-        f"(`[ 8/{units}] train    ETN seed 0: done in 0.3 s`; a unit still running after 2 s "
-        f"says that it started, and tqdm bars follow long steps; units found done are counted, "
-        f"not listed), a closing line (`ok pipelines/digits.toml (…): {built} built, 0 up to "
-        f"date; report: reports/digits/`) and this table on stdout: {method_count(run)} "
+        f"It builds {units} units of work. On a terminal it prints one line on stderr per unit "
+        f"it finishes (`{eighth} train    ETN seed 0: done in 0.3 s`; a unit still running "
+        f"after 2 s says that it started, and tqdm bars follow long steps; units found done are "
+        f"counted, not listed), the full paths of the report's main files (`wrote "
+        f"…/reports/digits/summary.txt`), a closing line (`ok pipelines/digits.toml (…): "
+        f"{units} built, 0 up to date`) and this table on stdout: {method_count(run)} "
         f"methods, 3 seeds where a method has a random seed. Off a terminal (cron, `| tee`) "
         f"every line starts with the local time in ISO 8601, each unit has a started and a done "
         f"line, and a rerun lists every unit it found done (`2026-11-27T05:16:42+00:00 "
-        f"[ 8/{units}] train    ETN seed 0: skipped, up to date`); `-q` prints only errors and "
+        f"{eighth} train    ETN seed 0: skipped, up to date`); `-q` prints only errors and "
         f"the table, `-v` adds why each unit runs:\n"
     )
-
-
-def built_count(run: Run) -> int:
-    """The units the closing line counts: every unit but the saved classifier."""
-    return unit_count(run) - 1
 
 
 def temperatures(run: Run) -> str:

@@ -148,8 +148,9 @@ def skipped(stage: str, name: str, reason: str = "up to date", *, shown: bool = 
 
 @contextmanager
 def unit(stage: str, name: str, reason: str = "", *, refusal_said: bool = False) -> Iterator[None]:
-    """Bracket the building of one unit with a start and an end line (``FAILED`` on error;
-    with ``refusal_said``, a refusal's reason follows on the same line, as the run goes on).
+    """Bracket the building of one unit with a start and an end line (``FAILED`` on error,
+    ``interrupted`` on Ctrl-C; with ``refusal_said``, a refusal's reason follows on the same
+    line, as the run goes on).
     On a terminal at normal verbosity the start line waits :data:`SLOW_S` seconds and is
     never printed for a unit that ends sooner: one line per unit, the table stays in view."""
     prefix = f"{_counter()}{stage:<8} {name}"
@@ -167,11 +168,13 @@ def unit(stage: str, name: str, reason: str = "", *, refusal_said: bool = False)
         yield
     except BaseException as err:
         # The reason follows once: here for a refusal the run goes on after, otherwise as the
-        # command's ``error:`` line or the run's summary.
+        # command's ``error:`` line or the run's summary; Ctrl-C is no failure: the command's
+        # last line says how to resume.
         seconds = time.perf_counter() - started
         said = refusal_said and isinstance(err, EtnError) and not isinstance(err, DamagedArtefact)
         reason = f": {' '.join(str(err).split())}" if said else ""
-        _write(f"{prefix}: FAILED after {seconds:.1f} s{reason}")
+        ended = "interrupted" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        _write(f"{prefix}: {ended} after {seconds:.1f} s{reason}")
         raise
     finally:
         if later is not None:

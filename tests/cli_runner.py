@@ -35,7 +35,7 @@ def checksums(manifest: dict) -> list[tuple[str, int, str]]:
 
 PROGRESS = re.compile(
     r"^(\d{4}-\d\d-\d\dT\S+ )?(\[\s*\d+/\d+\] )?(finetune|extract|train|evaluate|report)\s+.+: "
-    r"(started( \(.*\))?|done in [\d.]+ s|FAILED after [\d.]+ s|skipped, .*)$"
+    r"(started( \(.*\))?|done in [\d.]+ s|(FAILED|interrupted) after [\d.]+ s|skipped, .*)$"
     r"|^(\d{4}-\d\d-\d\dT\S+ )?etn: data directory "
 )
 

@@ -225,6 +225,36 @@ def test_thresholds_flag_rows_below_mp_and_above_mi(digits, tmp_path) -> None:
     assert code == 0 and f"{(low_mp | high_mi).sum()} flagged" in output
 
 
+@pytest.mark.parametrize(("spec", "score", "share"), [("mp@95", "mp", 0.95), ("mi@90%", "mi", 0.9)])
+def test_a_threshold_chosen_on_the_adaptation_split_keeps_that_share_of_its_rows(
+    digits, tmp_path, spec, score, share
+) -> None:
+    """``--threshold mp@95`` is the score value that keeps 95% of the adaptation split's (ID)
+    rows, the way OpenOOD reads FPR95: no stricter value the scores take keeps as many; mi,
+    where higher means OOD, keeps the rows at or below it. It is said and written down."""
+    pipeline, data, plan = digits
+    out = tmp_path / "flags.csv"
+    args = ("predict", pipeline, "digits:test", "--threshold", spec, "-d", data, "-o", out)
+    done = subprocess.run([sys.executable, "-m", "etn_cli", *map(str, args)], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    frame = pl.read_csv(out)
+    (value,) = frame[f"threshold_{score}"].unique()  # recorded on every row
+    head = etn_cli.load_head("etn", data_dir=data)
+    adapt = read_split(plan.adapt.path)
+    ours = head.predict(adapt.hidden, adapt.logits).scores[score]
+    kept, stricter = (
+        (ours >= value, ours > value) if score == "mp" else (ours <= value, ours < value)
+    )
+    assert kept.mean() >= share > stricter.mean()
+    assert f"threshold {score} = {value:.6g}: keeps {100 * kept.mean():.1f}% of the" in (
+        done.stderr.decode()
+    )
+    test = read_split(plan.test.path)
+    theirs = head.predict(test.hidden, test.logits).scores[score]
+    flagged = theirs < value if score == "mp" else theirs > value
+    assert frame[f"flagged_{score}"].to_list() == frame["flagged"].to_list() == flagged.tolist()
+
+
 def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_path) -> None:
     pipeline, data, _ = digits
     out = tmp_path / "p.parquet"
@@ -239,8 +269,8 @@ def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_
         ((pipeline, tmp_path), "'digits_cnn' .* cannot read image folders"),
         ((pipeline, "digitz:test"), r"Unknown dataset 'digitz'\. Did you mean: digits"),
         ((pipeline, "digits:valid"), "no split 'valid'. Available: train, adapt, test"),
-        ((pipeline, "digits:test", "--threshold", "mi"), "expects SCORE=VALUE"),
-        ((pipeline, "digits:test", "--threshold", "xx=1"), "expects SCORE=VALUE"),
+        ((pipeline, "digits:test", "--threshold", "mi"), "expects SCORE@PERCENT"),
+        ((pipeline, "digits:test", "--threshold", "xx=1"), "expects SCORE@PERCENT"),
         ((pipeline, "digits:test", "--head", "map", "--threshold", "mi=1"), "gives no 'mi'"),
     ]
     before = files_of(data)

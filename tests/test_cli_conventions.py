@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -306,6 +307,18 @@ def test_off_a_terminal_each_unit_is_one_plain_line_with_its_time(finished) -> N
     assert closing.startswith("ok conv.toml (") and len(closing) <= 100, lines[-1]
 
 
+def test_a_run_ends_with_the_full_paths_of_its_report(finished) -> None:
+    """Not a path relative to a data directory printed hundreds of lines earlier: the main
+    files' absolute paths as ``etn report`` names them, then the folder of the rest."""
+    _, data, done = finished
+    folder = (data / "reports" / "conv").resolve()
+    *wrote, closing = log_lines(done.stderr)[-4:]
+    assert wrote[:2] == [f"wrote {folder}/summary.txt", f"wrote {folder}/results.json"]
+    rest = len([p for p in folder.iterdir() if p.suffix != ".json"]) - 1  # summary.txt shown
+    assert wrote[2] == f"wrote {rest} more tables and plots in {folder}/ (etn report lists them)"
+    assert re.fullmatch(r"ok \S+ \([\d.]+ s\): 8 built, 4 up to date", closing), closing
+
+
 def test_quiet_prints_only_the_table_and_verbose_says_why(finished) -> None:
     pipeline, data, _ = finished
     quiet = etn("run", pipeline, "-d", data, "-q")
@@ -430,7 +443,7 @@ def test_a_subset_or_override_run_reports_into_its_own_folder(finished) -> None:
     assert done.returncode == 0, done.stderr
     key = load_pipeline(pipeline, only=("map",)).selection_key
     folder = data / "reports" / f"conv+{key}"
-    assert f"report: {folder.relative_to(data)}/" in done.stderr  # under the data directory
+    assert f"wrote {folder.resolve()}/results.json" in done.stderr  # its full path
     assert full.read_bytes() == before  # the whole pipeline's report is left alone
     subset = json.loads((folder / "results.json").read_text())
     assert subset["selection"] == {"set": [], "only": ["map"], "key": key}

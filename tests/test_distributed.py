@@ -217,7 +217,7 @@ def test_a_killed_torchrun_resumes_and_its_run_equals_a_single_process_run(
     done = torchrun("run", pipeline, "--data-dir", data, "--format", "markdown")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("| MAP |") == 1  # rank 0 alone trains, evaluates and prints
-    assert "extract: 2 built, 1 up to date" in done.stderr  # the run's summary, with progress
+    assert "extract: 3 built, 1 up to date" in done.stderr  # 2 splits and the classifier built
     assert (test / "shard-00004.h5").stat().st_ino == inode  # reused, not recomputed
     record = manifest(test)
     assert record["resumed"]["pieces"] >= 2 and record["distributed"]["world_size"] == 2
@@ -232,7 +232,7 @@ def test_a_killed_torchrun_resumes_and_its_run_equals_a_single_process_run(
     before = {p: p.stat().st_mtime_ns for p in data.rglob("*") if p.is_file()}
     again = torchrun("extract", pipeline, "--data-dir", data)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.strip() == "extract: 0 built, 3 up to date"  # printed by rank 0 only
+    assert again.stdout.strip() == "extract: 0 built, 4 up to date"  # printed by rank 0 only
     assert {p: p.stat().st_mtime_ns for p in data.rglob("*") if p.is_file()} == before
 
 

@@ -89,5 +89,5 @@ def test_a_new_fit_rows_refits_only_the_heads_that_read_it(run, tmp_path: Path) 
     pipeline.write_text(PIPELINE.format(rows=90))
     code, output = etn("run", pipeline, "-d", data)
     assert code == 0, output
-    assert "extract: 1 built, 4 up to date" in output
+    assert "extract: 1 built, 5 up to date" in output  # 4 splits and the classifier kept
     assert "train: 2 built, 1 up to date" in output  # knn and vim; msp reads adapt

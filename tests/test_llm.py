@@ -494,7 +494,7 @@ warmup_fraction = 0.1
     assert fingerprint["prompt_template"]["name"] == "default"
     assert fingerprint["answer_tokens"]["variant"] == "space"
     rerun = CliRunner().invoke(app, ["extract", str(pipeline), "--data-dir", str(tmp_path / "d")])
-    assert rerun.exit_code == 0 and "0 built, 3 up to date" in rerun.output
+    assert rerun.exit_code == 0 and "0 built, 4 up to date" in rerun.output  # and classifier
 
 
 def test_a_finetune_table_trains_a_lora_adapter_that_extract_then_uses(llama, tmp_path):

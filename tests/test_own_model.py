@@ -13,6 +13,7 @@ example files verbatim; a test keeps them equal.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -46,7 +47,27 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = folder / "data"
     done = etn("run", *PIPELINES, "-d", data, "--set", "seeds=[0]", "-f", "markdown", cwd=folder)
     assert done.returncode == 0, done.stderr[-3000:]
+    (folder / "run.log").write_text(done.stderr)  # the progress lines, read by a test
     return folder
+
+
+def test_every_unit_line_counts_within_its_total_under_a_name_of_its_own(run: Path) -> None:
+    """Per pipeline, ``[k/N]`` goes 1..N exactly, and no two units share a name (the rows
+    held out for conformal calibration are not a second ``adapt``)."""
+    units = re.findall(r"\[ *(\d+)/(\d+)\] (\w+) +(.+): done in", (run / "run.log").read_text())
+    runs: list[list[tuple[int, int, tuple[str, str]]]] = []
+    for k, total, stage, name in units:
+        if k == "1":
+            runs.append([])
+        runs[-1].append((int(k), int(total), (stage, name)))
+    assert len(runs) == len(PIPELINES)
+    for lines in runs:
+        total = lines[0][1]
+        assert [(k, n) for k, n, _ in lines] == [(k, total) for k in range(1, total + 1)]
+        names = [name for *_, name in lines]
+        assert len(set(names)) == len(names), names
+    held_out = ("extract", "image_folder.adapt (held out for calibration)")
+    assert held_out in [name for *_, name in runs[0]]
 
 
 def split_of(folder: Path, pipeline: str, role: str):

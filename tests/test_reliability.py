@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from cli_runner import fresh_data
+from cli_runner import fresh_data, unstamped
 from safetensors.torch import save_file
 
 from etn_cli.errors import EtnError
@@ -60,6 +60,7 @@ batch_size = 64
 name = "map"
 """
 UNITS = {"extract": 3, "train": 2, "evaluate": 2}  # what one run of PIPELINE builds
+SUMMARY = UNITS | {"extract": UNITS["extract"] + 1}  # a run's summary counts the classifier
 METRIC_COLUMNS = ["eval_set", "task", "method", "seed", "metric", "score", "value", "note"]
 
 
@@ -203,6 +204,26 @@ def kill_at_random_moments(
     return killed
 
 
+def test_ctrl_c_says_interrupted_and_that_a_rerun_resumes_then_a_rerun_does(
+    reference: tuple[Path, Path], tmp_path: Path
+) -> None:
+    pipeline, reference_data = reference
+    data = fresh_data(tmp_path, reference)
+    process = start_run(pipeline, data)
+    started = lambda: any(data.glob("features/*/*.partial-*"))  # noqa: E731
+    assert wait_until(started, process), "the run ended before its first unit started"
+    process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    _, err = process.communicate(timeout=120)
+    lines = unstamped(err.decode())
+    assert process.returncode == 130, err.decode()
+    assert not any("FAILED" in line or "Traceback" in line for line in lines), lines
+    assert re.fullmatch(r"\[1/\d+\] extract +digits\.adapt: interrupted after [\d.]+ s", lines[-2])
+    command = f"etn run {pipeline} -d {data}"
+    assert lines[-1] == f"interrupted: `{command}` resumes from the finished units"
+    assert run_pipeline(pipeline, data).ok
+    assert_same_metrics(data, reference_data)
+
+
 def test_runs_killed_at_random_moments_then_rerun_equal_an_uninterrupted_run(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -292,7 +313,7 @@ def test_two_overlapping_runs_build_each_unit_once_and_equal_one_run(
         {stage: (int(b), int(s)) for stage, b, s in summary.findall((out + err).decode())}
         for out, err in outputs
     ]
-    for stage, total in UNITS.items():
+    for stage, total in SUMMARY.items():
         assert sum(counts[stage][0] for counts in built) == total  # once, not twice
         assert all(sum(counts[stage]) == total for counts in built)
     assert_same_metrics(data, reference_data)

@@ -130,8 +130,9 @@ def test_a_mistake_in_any_backbone_or_dataset_table_is_refused_before_torch_load
 @pytest.mark.parametrize(
     "args, said",
     [
-        (["--threshold", "mi=abc"], "--threshold expects SCORE=VALUE"),
-        (["--threshold", "mii=0.2"], "--threshold expects SCORE=VALUE"),
+        (["--threshold", "mi=abc"], "--threshold expects SCORE@PERCENT"),
+        (["--threshold", "mii=0.2"], "--threshold expects SCORE@PERCENT"),
+        (["--threshold", "mp@0"], "--threshold expects SCORE@PERCENT"),
         (["--out", "rows.txt"], "--out must end in .parquet or .csv"),
         (["--device", "gpu"], "Unknown device 'gpu'"),
         (["--head", "etm"], "has no head 'etm'. Did you mean: etn"),

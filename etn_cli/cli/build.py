@@ -137,7 +137,11 @@ def run(
     if dry_run:
         typer.echo(dry_run_report(pipelines, data, options, device))
         return
-    outcomes = run_many(pipelines, data, device=device, options=options)
+    try:
+        outcomes = run_many(pipelines, data, device=device, options=options)
+    except KeyboardInterrupt:  # no failure: the units finished so far are sealed and kept
+        progress.write_line(progress.stamped(resume_line(pipelines, data_dir)))
+        raise typer.Exit(130) from None
     if not is_main_process():
         raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
     tables = [o for o in outcomes if o.ok and o.table]
@@ -147,6 +151,8 @@ def run(
     for outcome in outcomes:
         for stage in outcome.stages:  # a log keeps each stage's counts; a terminal with -v
             (progress.detail if progress.on_terminal() else progress.say)(stage)
+        for line in outcome.written:  # the report's full paths, then the closing line
+            progress.say(line)
         if outcome.ok and not outcome.failures:
             progress.say(outcome.line())
         else:
@@ -155,6 +161,12 @@ def run(
         raise typer.Exit(1 if any(o.bug for o in outcomes) else 2)
     if any(o.failures for o in outcomes):  # 1: a method refused its data, the rest ran
         raise typer.Exit(1)
+
+
+def resume_line(pipelines: list[Path], data_dir: Path | None) -> str:
+    """The last line of an ``etn run`` stopped by Ctrl-C: the same command resumes it."""
+    again = ["etn run", *map(str, pipelines), *(["-d", str(data_dir)] if data_dir else [])]
+    return f"interrupted: `{' '.join(again)}` resumes from the finished units"
 
 
 def check_pipelines(
@@ -335,8 +347,9 @@ def predict(
         list[str] | None,
         typer.Option(
             "--threshold",
-            metavar="SCORE=VALUE",
-            help="Repeatable: flag rows, e.g. mi=0.2 (above), mp=0.5.",
+            metavar="SCORE@PERCENT|SCORE=VALUE",
+            help="Repeatable: flag rows, e.g. mp@95 (the threshold that keeps 95% of the "
+            "adaptation split's rows; choose thresholds there), mi=0.2 (above), mp=0.5.",
         ),
     ] = None,
     data_dir: DataDir = None,
@@ -359,7 +372,7 @@ def predict(
     loaded = checked_pipeline(pipeline, overrides)  # a mistake in the file before torch loads
     from etn_cli.stages import predict_options as check
 
-    thresholds = check.parse_thresholds(threshold or [])
+    thresholds, keep = check.parse_thresholds(threshold or [])
     check.output_format(out)
     check.check_input_named(inputs)
     check.check_head_named(loaded, head)
@@ -372,7 +385,7 @@ def predict(
             f"--sets prints conformal prediction sets, but {pipeline} has no [conformal] "
             'section. Add one (e.g. [conformal] method = "raps") and run etn run again.'
         )
-    options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds}
+    options = {"head": head, "seed": seed, "out": out, "thresholds": thresholds, "keep": keep}
     result = run_predict(plan, inputs, device=dev, **options)
     if sets:
         for name, members in zip(

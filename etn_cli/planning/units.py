@@ -91,6 +91,14 @@ class Plan:
         extra = [u for u in (self.fit, self.calibration) if u is not None]
         return [self.adapt, *extra, self.test, *self.ood]
 
+    @property
+    def stores_classifier(self) -> bool:
+        """Whether a run writes ``classifier_path``: the backbone's final layer when etn
+        extracts, your own features' classifier when a head starts from it."""
+        if self.classifier_path is None:
+            return False
+        return self.backbone is not None or any(u.head.needs_classifier for u in self.heads)
+
     def fit_unit(self, head: Any) -> FeatureUnit:
         """The split ``head`` is fitted on: ``fit`` for heads that estimate ID statistics
         when the pipeline has one, the adaptation split otherwise."""

@@ -85,7 +85,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
         for unit in plan.feature_units:
             extract_unit(plan, unit, splits[unit.path], backbone, device, world, result)
         if world.main:
-            store_classifier(plan, backbone)
+            store_classifier(plan, backbone, result)
     return result
 
 
@@ -296,8 +296,13 @@ def batches_of(backbone: Any, split: Any, plan: Plan, device: str) -> Iterable:
 
 
 def split_name(unit: FeatureUnit) -> str:
-    """How a feature unit is named in progress lines: ``digits.test`` (its role if own)."""
-    return f"{unit.dataset}.{unit.split}" if unit.dataset else f"{unit.name} ({unit.role})"
+    """How a feature unit is named in progress lines: ``digits.test`` (its role if own); the
+    rows of the adaptation split that ``[conformal]`` holds out of fitting are
+    ``digits.adapt (held out for calibration)``."""
+    if not unit.dataset:
+        return f"{unit.name} ({unit.role})"
+    held_out = unit.part is not None and unit.part[0] == "holdout"
+    return f"{unit.dataset}.{unit.split}" + (" (held out for calibration)" if held_out else "")
 
 
 def load_backbone(plan: Plan, device: str) -> Any:
@@ -322,11 +327,12 @@ def load_backbone(plan: Plan, device: str) -> Any:
 CLASSIFIER_UNIT = "classifier (backbone's final layer)"
 
 
-def store_classifier(plan: Plan, backbone: Callable[[], Any]) -> None:
+def store_classifier(plan: Plan, backbone: Callable[[], Any], result: StageResult) -> None:
     """Save the backbone's final layer once per backbone, for the baselines that start from it:
-    one unit of the run, after the feature splits, as ``etn status`` lists it."""
+    one unit of the run, after the feature splits, as ``etn status`` lists it (and counted in
+    the extract summary, so that a run's ``N built`` agrees with its ``[k/N]``)."""
     if plan.classifier_path is not None:
-        build_unit(ExtractedClassifier(plan.classifier_path, backbone), StageResult("extract"))
+        build_unit(ExtractedClassifier(plan.classifier_path, backbone), result)
 
 
 class ExtractedClassifier(Unit):
@@ -335,7 +341,6 @@ class ExtractedClassifier(Unit):
     name = CLASSIFIER_UNIT
     why = "no intact classifier.safetensors"
     again = "Saving it again."  # derived from the backbone
-    counted = False  # a line of the run, not a split: the extract summary counts splits
 
     def __init__(self, path: Path, backbone: Callable[[], Any]) -> None:
         self.path, self.backbone = path, backbone

@@ -8,15 +8,17 @@ the heads and what they miss, instead of failing half way through the list.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from etn_cli.errors import EtnError
-from etn_cli.stages.result import StageResult
-from etn_cli.stages.units import Unit, build_units
+from etn_cli.stages.units import Unit
 
 
-def check_head_inputs(plan: Any, units: list[Any], adapt: Any) -> None:
-    """Refuse, before any work, heads whose inputs the adaptation features cannot supply."""
+def check_head_inputs(plan: Any, units: list[Any], adapt: Any, own: Any = None) -> None:
+    """Refuse, before any work, heads whose inputs the adaptation features cannot supply;
+    ``own`` is your own features' classifier when it is about to be built (checked here, before
+    its lock: a refusal writes nothing)."""
     want_layers = sorted({u.label for u in units if u.head.needs_layers})
     if want_layers and not adapt.layers:
         raise EtnError(
@@ -24,27 +26,29 @@ def check_head_inputs(plan: Any, units: list[Any], adapt: Any) -> None:
             f"features at {adapt.path} have none. Ask extract for them with layers = [...] in "
             "[backbone] (your own features: store layers/<name> arrays), or remove the head."
         )
-    if not any(u.head.needs_classifier for u in units):
-        return
-    from etn_cli.own_features.classifier import classifier_for
+    if own is not None:
+        own.made()
+    elif any(u.head.needs_classifier for u in units):
+        from etn_cli.own_features.classifier import classifier_for
 
-    shape = (adapt.num_classes, adapt.hidden_size)
-    if plan.classifier_source is not None:  # your own features: given, or fitted, once
-        found = [OwnClassifier(plan, shape)]  # checked before its lock: a refusal writes nothing
-        build_units(found, StageResult("train"), before=lambda todo: [u.made() for u in todo])
-    classifier_for(plan, shape)  # refused here if it misfits
+        classifier_for(plan, (adapt.num_classes, adapt.hidden_size))  # refused if it misfits
+
+
+def own_classifier(plan: Any, reader: Callable[[str], Any]) -> OwnClassifier | None:
+    """The unit of your own features' classifier, when a head of ``plan`` starts from it."""
+    if plan.classifier_source is None or not plan.stores_classifier:
+        return None
+    return OwnClassifier(plan, reader)
 
 
 class OwnClassifier(Unit):
     """The classifier of your own features, written once (given, or fitted on the adaptation
-    split) into ``classifier.safetensors``; one of another shape than the features' is refused
-    before it is stored. Found by its presence: a damaged one is refused where it is read."""
+    split) into ``classifier.safetensors``, the first unit of ``etn train``; one of another shape
+    than the features' is refused before it is stored. Found by its presence: a damaged one is
+    refused where it is read."""
 
-    quiet_skip = True
-    counted = False
-
-    def __init__(self, plan: Any, shape: tuple[int, int]) -> None:
-        self.plan, self.shape = plan, shape
+    def __init__(self, plan: Any, reader: Callable[[str], Any]) -> None:
+        self.plan, self.reader = plan, reader  # reader("adapt"): the adaptation features
         self.path, self.name = plan.classifier_path, "classifier (your own features)"
         self._made: tuple[Any, Any, dict[str, Any]] | None = None
 
@@ -56,8 +60,10 @@ class OwnClassifier(Unit):
         from etn_cli.own_features.classifier import build_classifier, check_shape
 
         if self._made is None:
+            adapt = self.reader("adapt")
+            shape = (adapt.num_classes, adapt.hidden_size)
             weight, bias, record = build_classifier(self.plan)
-            check_shape(weight, self.shape, record.get("file", "the fitted classifier"))
+            check_shape(weight, shape, record.get("file", "the fitted classifier"))
             self._made = weight, bias, record
         return self._made
 

@@ -15,10 +15,12 @@ predicts as ``etn evaluate`` does, so on a split the pipeline extracted the rows
 evaluated predictions. Columns: ``input`` (path, question id or ``<dataset>:<split>#<index>``),
 ``index`` and ``label`` where known, ``prediction`` (and ``letter`` for LLMs),
 ``probability`` of the prediction, ``prob_<class>`` for every class, every score of the head,
-with thresholds ``flagged_<score>`` and ``flagged``, and with a ``[conformal]`` section the
-conformal ``prediction_set`` and ``set_size`` of each row. A score where higher means more ID
-(:data:`~etn_cli.metrics.score_names.HIGHER_MEANS_ID`: mp, um, …) flags rows below its threshold;
-mi and de flag rows above it.
+with thresholds ``threshold_<score>`` (the value used), ``flagged_<score>`` and ``flagged``,
+and with a ``[conformal]`` section the conformal ``prediction_set`` and ``set_size`` of each
+row. A score where higher means more ID (:data:`~etn_cli.metrics.score_names.HIGHER_MEANS_ID`:
+mp, um, …) flags rows below its threshold; mi and de flag rows above it. A threshold is given
+as a value (``mp=0.5``) or chosen on the adaptation split (``mp@95``: the value that keeps 95%
+of its rows, all ID, as OpenOOD's FPR95 reads the threshold at 95% of ID rows kept).
 """
 
 from __future__ import annotations
@@ -84,12 +86,16 @@ def predict(
     seed: int = 0,
     out: Path,
     thresholds: dict[str, float] | None = None,
+    keep: dict[str, float] | None = None,
     device: str = "cpu",
 ) -> PredictResult:
-    """Predict ``inputs`` with the pipeline's head and write the rows to ``out`` atomically."""
+    """Predict ``inputs`` with the pipeline's head and write the rows to ``out`` atomically;
+    ``keep`` maps a score to the percentage of the adaptation split's rows its threshold keeps
+    (``--threshold mp@95``)."""
     fmt = output_format(out)
     check_out_outside_store(out, plan.data_dir)
-    frame = predict_frame(plan, inputs, head=head, seed=seed, thresholds=thresholds, device=device)
+    options = {"thresholds": thresholds, "keep": keep, "device": device}
+    frame = predict_frame(plan, inputs, head=head, seed=seed, **options)
     buffer = io.BytesIO()
     frame.write_parquet(buffer) if fmt == "parquet" else frame.write_csv(buffer)
     atomic_write_bytes(Path(out), buffer.getvalue())
@@ -104,6 +110,7 @@ def predict_frame(
     head: str = "etn",
     seed: int = 0,
     thresholds: dict[str, float] | None = None,
+    keep: dict[str, float] | None = None,
     device: str = "cpu",
 ) -> Any:
     """The rows :func:`predict` writes, as a polars DataFrame; nothing is written."""
@@ -119,6 +126,7 @@ def predict_frame(
             "to run on new inputs. Extract features yourself and use etn_cli.load_head(...)."
         )
     found = resolve_inputs(plan, inputs, trained.n_classes_)
+    chosen = {**(thresholds or {}), **kept_thresholds(plan, trained, keep or {}, device)}
     hidden, logits, layers, labels = backbone_outputs(load_backbone(plan, device), found, plan)
     prediction = trained.predict(hidden, logits, layers=layers, device=device)
     names, kind = class_names(plan, trained.n_classes_)
@@ -128,7 +136,7 @@ def predict_frame(
     if found.labelled:
         columns["label"] = labels
     columns.update(prediction_columns(prediction, names, kind))
-    columns.update(flag_columns(prediction.scores, thresholds or {}, trained.name))
+    columns.update(flag_columns(prediction.scores, chosen, trained.name))
     if plan.pipeline.conformal is not None:
         rows = found.split.index if found.kind == "split" else np.arange(len(found.names))
         name = f"{found.split.dataset}:{found.split.split}"
@@ -178,20 +186,54 @@ def set_columns(member: np.ndarray, named: list | None) -> dict[str, Any]:
 def flag_columns(
     scores: dict[str, np.ndarray], thresholds: dict[str, float], head: str
 ) -> dict[str, np.ndarray]:
-    """``flagged_<score>`` per threshold (below it for scores where higher means ID, above it
-    otherwise) and ``flagged``, their union."""
-    flags = {}
+    """``threshold_<score>`` (the value, on every row: the file records it) and
+    ``flagged_<score>`` per threshold (below it for scores where higher means ID, above it
+    otherwise), and ``flagged``, their union."""
+    columns, flags = {}, []
     for name, value in thresholds.items():
-        if name not in scores:
-            raise EtnError(
-                f"Head {head!r} gives no {name!r} score (it gives {', '.join(scores)}). Drop "
-                f"--threshold {name}=... or pick another head."
-            )
-        score = scores[name]  # (N,)
-        flags[f"flagged_{name}"] = score < value if HIGHER_MEANS_ID[name] else score > value
+        score = scores_of(scores, name, head)  # (N,)
+        columns[f"threshold_{name}"] = np.full(len(score), value)
+        flags.append(score < value if HIGHER_MEANS_ID[name] else score > value)
+        columns[f"flagged_{name}"] = flags[-1]
     if flags:
-        flags["flagged"] = np.logical_or.reduce(list(flags.values()))
-    return flags
+        columns["flagged"] = np.logical_or.reduce(flags)
+    return columns
+
+
+def kept_thresholds(plan: Plan, head: Any, keep: dict[str, float], device: str) -> dict[str, float]:
+    """The threshold of each score in ``keep`` that keeps that percentage of the adaptation
+    split's rows (all of them ID): the strictest value that keeps at least p% of them, i.e. the
+    (100 - p)th percentile of a score where higher means ID and the p-th of one where higher
+    means OOD (mi, de), each said in one line."""
+    if not keep:
+        return {}
+    from etn_cli.store.reading.reader import read_split
+
+    adapt = read_split(plan.adapt.path)
+    scores = head.predict(adapt.hidden, adapt.logits, layers=adapt.layers, device=device).scores
+    chosen = {}
+    for name, percent in keep.items():
+        score, id_high = scores_of(scores, name, head.name), HIGHER_MEANS_ID[name]  # (N,)
+        ood_up = -1.0 if id_high else 1.0  # the score turned to grow towards OOD
+        # the strictest value the scores take that keeps at least the share
+        value = ood_up * np.quantile(ood_up * score, percent / 100, method="inverted_cdf")
+        share = np.mean(score >= value if id_high else score <= value)
+        progress.say(
+            f"threshold {name} = {value:.6g}: keeps {100 * share:.1f}% of the {len(score)} "
+            f"rows of the adaptation split ({plan.adapt.name}); flags rows "
+            f"{'below' if id_high else 'above'} it"
+        )
+        chosen[name] = float(value)
+    return chosen
+
+
+def scores_of(scores: dict[str, np.ndarray], name: str, head: str) -> np.ndarray:
+    if name not in scores:
+        raise EtnError(
+            f"Head {head!r} gives no {name!r} score (it gives {', '.join(scores)}). Drop "
+            f"--threshold {name}... or pick another head."
+        )
+    return scores[name]
 
 
 # ------------------------------------------------------------------------- inputs

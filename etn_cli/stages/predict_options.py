@@ -17,23 +17,29 @@ from etn_cli.metrics.score_names import HIGHER_MEANS_ID
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
 
 
-def parse_thresholds(items: list[str]) -> dict[str, float]:
-    """``["mi=0.2", "mp=0.9"]`` -> ``{"mi": 0.2, "mp": 0.9}``, names checked."""
-    thresholds: dict[str, float] = {}
+def parse_thresholds(items: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """``["mi=0.2", "mp@95"]`` -> ``({"mi": 0.2}, {"mp": 95.0})``: fixed values, and the
+    percentages of the adaptation split's ID rows a threshold is chosen to keep; names and
+    numbers checked."""
+    fixed: dict[str, float] = {}
+    kept: dict[str, float] = {}
     for item in items:
-        name, _, value = item.partition("=")
+        at = "@" in item
+        name, _, value = item.partition("@" if at else "=")
         name = name.strip().lower()
         try:
-            number = float(value)
+            number = float(value.strip().removesuffix("%") if at else value)
         except ValueError:
             number = None
-        if name not in HIGHER_MEANS_ID or number is None or not math.isfinite(number):
+        fits = number is not None and math.isfinite(number) and (not at or 0 < number <= 100)
+        if name not in HIGHER_MEANS_ID or not fits:
             raise EtnError(
-                f"--threshold expects SCORE=VALUE with a score of {', '.join(HIGHER_MEANS_ID)} "
-                f"and a number, got {item!r}. E.g. --threshold mi=0.2."
+                f"--threshold expects SCORE@PERCENT (the threshold keeping that share of the "
+                f"adaptation split's rows) or SCORE=VALUE, with a score of "
+                f"{', '.join(HIGHER_MEANS_ID)}, got {item!r}. E.g. --threshold mp@95."
             )
-        thresholds[name] = number
-    return thresholds
+        (kept if at else fixed)[name] = number
+    return fixed, kept
 
 
 def output_format(path: Path) -> str:

@@ -386,6 +386,18 @@ def report_folder(plan: Plan) -> Path:
     return plan.data_dir / "reports" / name
 
 
+def written_lines(written: list[Path]) -> list[str]:
+    """The closing lines of ``etn run`` about its report, as ``etn report`` names what it wrote
+    (``wrote /abs/path``): the main table and ``results.json``, then the folder for the rest."""
+    main = [p for p in written if p.name in ("summary.txt", "results.json")]
+    lines = [f"wrote {p.resolve()}" for p in main]
+    rest = len(written) - len(main)
+    if rest:
+        folder = written[0].parent.resolve()
+        lines.append(f"wrote {rest} more tables and plots in {folder}/ (etn report lists them)")
+    return lines
+
+
 def report_files(
     paths: list[Path], *, fmt: str = "table", metric: str | None = None, rows: bool = False
 ) -> str:

@@ -23,7 +23,7 @@ from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 from etn_cli.stages.prepare import prepare
-from etn_cli.stages.report import report
+from etn_cli.stages.report import report, written_lines
 from etn_cli.stages.result import StageResult, UnitFailure, failures_line
 from etn_cli.stages.train import train
 from etn_cli.store.artefacts.sealed import discard, repair_line
@@ -57,6 +57,7 @@ class RunOutcome:
     bug: bool = False
     stages: tuple[str, ...] = ()  # each stage's summary ("train: 61 built, 0 up to date")
     failures: tuple[UnitFailure, ...] = ()
+    written: tuple[str, ...] = ()  # what it says of its report: ``wrote /abs/path`` lines
 
     def line(self) -> str:
         """The pipeline's closing line, kept within 100 columns for a usual path when ok."""
@@ -70,18 +71,12 @@ class RunOutcome:
         return f"FAILED {self.path} ({self.seconds:.1f} s): {self.message}"
 
 
-def run_summary(results: list[StageResult], report_folder: Path | None, data_dir: Path) -> str:
-    """``127 built, 0 up to date; report: reports/digits/`` (the folder under the data
-    directory printed at the top of the run); every stage's count is in ``etn status``."""
+def run_summary(results: list[StageResult]) -> str:
+    """``128 built, 0 up to date``: every unit of the run's ``[k/N]``, as ``etn status``
+    lists them."""
     built = sum(len(r.done) for r in results)
     kept = sum(len(r.skipped) for r in results)
-    text = f"{built} built, {kept} up to date"
-    if report_folder is not None:
-        folder = Path(report_folder).resolve()
-        root = Path(data_dir).resolve()
-        shown = folder.relative_to(root) if folder.is_relative_to(root) else folder
-        text += f"; report: {shown}/"
-    return text
+    return f"{built} built, {kept} up to date"
 
 
 def resolve_device(device: str) -> str:
@@ -132,9 +127,10 @@ def ensure_data_dir(data_dir: Path) -> Path:
 def unit_count(plan) -> int:
     """How many units ``etn run`` goes through for ``plan`` (the ``[k/N]`` of its lines), the
     same units ``etn status`` and ``--dry-run`` list: the fine-tuned backbone, the feature
-    splits, the backbone's classifier (saved when etn extracts), the heads and their metrics."""
-    saved = plan.backbone is not None and plan.classifier_path is not None
-    return int(plan.finetune is not None) + len(plan.feature_units) + saved + 2 * len(plan.heads)
+    splits, the classifier (the backbone's, or your own features'), the heads and their
+    metrics."""
+    finetuned = plan.finetune is not None
+    return finetuned + len(plan.feature_units) + plan.stores_classifier + 2 * len(plan.heads)
 
 
 def run_pipeline(
@@ -169,11 +165,12 @@ def run_pipeline(
                 progress.say(repair_line(damage, f"Rebuilding {damage.path.name}."))
                 with unit_lock(damage.path):
                     discard(damage.path)
-    folder = written[0].parent if written else None
-    message = run_summary(results, folder, data_dir)
-    stages = tuple(r.summary() for r in results)
+    message, stages = run_summary(results), tuple(r.summary() for r in results)
     seconds = time.perf_counter() - started
-    return RunOutcome(path, True, seconds, message, table, stages=stages, failures=failures)
+    lines = tuple(written_lines(written))
+    return RunOutcome(
+        path, True, seconds, message, table, stages=stages, failures=failures, written=lines
+    )
 
 
 def run_stages(

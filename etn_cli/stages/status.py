@@ -45,8 +45,9 @@ def status(plan: Plan) -> list[UnitStatus]:
         units.append(_folder_unit("finetune", plan.finetune.split, plan.finetune.path, done))
     for unit in plan.feature_units:
         units.append(_features(unit.name if unit.role == "ood" else unit.role, unit.path, plan))
-    if plan.backbone is not None and plan.classifier_path is not None:
-        units.append(_file_unit("classifier", "backbone's final layer", plan.classifier_path))
+    if plan.stores_classifier:
+        what = "backbone's final layer" if plan.backbone is not None else "your own features"
+        units.append(_file_unit("classifier", what, plan.classifier_path))
     for head in plan.heads:
         name = f"{head.label} seed {head.seed}"
         done = (head.path / "train.json").is_file()

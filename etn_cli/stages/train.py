@@ -25,7 +25,7 @@ from etn_cli.own_features.classifier import classifier_for, classifier_record
 from etn_cli.own_features.folders import remember_plan_folders
 from etn_cli.planning.plan import FeatureUnit, HeadUnit, Plan
 from etn_cli.provenance import provenance
-from etn_cli.stages.head_inputs import check_head_inputs
+from etn_cli.stages.head_inputs import check_head_inputs, own_classifier
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.units import Unit, build_units
 from etn_cli.store.artefacts.headfiles import CHECKED_FILES, RECORD, check_head_folder
@@ -65,12 +65,16 @@ def train(
     features_of = {u.role: u for u in (plan.adapt, plan.fit) if u is not None}
     reader = cache(lambda role: _fit_features(features_of[role]))
 
-    def before(todo: list[TrainedHead]) -> None:  # every input checked before any fit
+    own = own_classifier(plan, reader)  # your own features': the first unit, when used
+
+    def before(todo: list[Unit]) -> None:  # every input checked before any fit
         check_plan_features(plan)
-        check_head_inputs(plan, [u.unit for u in todo], reader("adapt"))
+        heads = [u.unit for u in todo if isinstance(u, TrainedHead)]
+        check_head_inputs(plan, heads, reader("adapt"), own if own in todo else None)
         remember_plan_folders(plan)
 
     units = [TrainedHead(plan, unit, reader, device) for unit in plan.heads]
+    units = [own, *units] if own is not None else units
     with explained_storage_errors():
         return build_units(units, result, force=force, before=before)
 
