@@ -88,7 +88,7 @@ def read_results(run: Run) -> Run:
     run.results = json.loads(results.read_text())["results"]
     compared = etn(
         "report", PIPELINE, "--only", ",".join(COMPARED), "--compare", "ETN", "-f", "json",
-        data_dir=run.data_dir,
+        "--rows", data_dir=run.data_dir,
     )  # fmt: skip
     run.comparisons = json.loads(compared.stdout)["comparisons"]
     return run

@@ -31,16 +31,19 @@ class UsageError(EtnError):
 def suggest(name: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> list[str]:
     """Up to ``n`` of ``choices`` that ``name`` is probably a slip for, best first: every choice
     :func:`difflib.get_close_matches` finds within ``cutoff``, ranked by the share of the
-    typed letters it holds in order, then by the length of the prefix it shares with ``name``,
-    then by the order ``choices`` come in (so ``auc`` gives ``auroc`` before ``aurc``, which
-    a plain similarity ratio prefers for being shorter)."""
+    typed letters it holds in order, then by the length of the prefix it shares with ``name``;
+    then a typo (a typed letter the choice lacks: ``resnet19``) goes to the most similar choice
+    (``resnet18`` before ``resnet101``), while a shortening (every typed letter held: ``auc``)
+    keeps the order ``choices`` come in (``auroc`` before ``aurc``, which a similarity ratio
+    prefers for being shorter)."""
     choices = list(dict.fromkeys(choices))
     close = set(difflib.get_close_matches(name, choices, n=len(choices) or 1, cutoff=cutoff))
 
-    def rank(choice: str) -> tuple[float, int]:
-        blocks = difflib.SequenceMatcher(None, name, choice).get_matching_blocks()
-        held = sum(block.size for block in blocks) / max(len(name), 1)
-        return -held, -len(os.path.commonprefix([name, choice]))
+    def rank(choice: str) -> tuple[float, int, float]:
+        matcher = difflib.SequenceMatcher(None, name, choice)
+        held = sum(block.size for block in matcher.get_matching_blocks()) / max(len(name), 1)
+        typo = -matcher.ratio() if held < 1 else 0.0
+        return -held, -len(os.path.commonprefix([name, choice])), typo
 
     return sorted((c for c in choices if c in close), key=rank)[:n]  # stable: choices' order
 

@@ -31,7 +31,6 @@ image backbone, token outputs (B, N, D) by ``token_pool``: ``"class"`` (token 0)
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ from etn_cli.backbones.image_inputs import LibraryTransform
 from etn_cli.backbones.precision import resolve_dtype
 from etn_cli.backbones.settings import TimmConfig as Config
 from etn_cli.backbones.torchvision_hooks import TokenPooling, find_classifier, named_layers
-from etn_cli.errors import EtnError, require_extra
+from etn_cli.errors import EtnError, did_you_mean, require_extra
 
 CODE_VERSION = "1"  # bump whenever extraction changes for the same inputs
 HUB_FILE = "model.safetensors"
@@ -142,8 +141,7 @@ def check_model_name(model: str) -> None:
 
     if not timm.is_model(model):
         names = timm.list_models()
-        close = difflib.get_close_matches(model.split(".")[0], names, n=3, cutoff=0.5)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        hint = did_you_mean(model.split(".")[0], names, n=3, cutoff=0.5)
         raise EtnError(
             f"Unknown timm model {model!r}.{hint} See timm.list_models() (and "
             "timm.list_pretrained() for the names with weights tags)."
