@@ -7,7 +7,8 @@ every split still to build is read and checked (:func:`check_splits`):
 
 * it has rows;
 * every image decodes, and all of them come to one size after the backbone's resize and crop
-  (a batch needs one size), for the ID splits and every OOD list alike;
+  (a batch needs one size, and the model one input size), for the ID splits and every OOD list
+  alike;
 * the splits a head or stage zero fits on (adapt, fit, the fine-tune split) and the ID test
   split hold at least two classes.
 
@@ -39,13 +40,15 @@ CLASS_ROLES = {
 def check_splits(named: Iterable[tuple[Any, Callable[[], Any]]], transform: Any) -> None:
     """Check each ``(unit, load split)``; raise one EtnError listing every problem found."""
     problems: list[str] = []
+    shapes: dict[str, set[tuple[int, int]]] = {}  # each split's sizes after resize and crop
     for unit, load in named:
         if unit.path in _CHECKED:
             continue
-        found = split_problems(unit, load, transform)
+        found = split_problems(unit, load, transform, shapes)
         problems += found
         if not found:
             _CHECKED.add(unit.path)
+    problems += [p for p in [mixed_splits(shapes)] if p]
     if len(problems) == 1:
         raise EtnError(problems[0])
     if problems:
@@ -55,8 +58,11 @@ def check_splits(named: Iterable[tuple[Any, Callable[[], Any]]], transform: Any)
         )
 
 
-def split_problems(unit: Any, load: Callable[[], Any], transform: Any) -> list[str]:
-    """The problems of one split, each a line naming it (empty: none)."""
+def split_problems(
+    unit: Any, load: Callable[[], Any], transform: Any, shapes: dict[str, set] | None = None
+) -> list[str]:
+    """The problems of one split, each a line naming it (empty: none); its image sizes after
+    the transform go into ``shapes``."""
     name = unit_name(unit)
     try:
         split = load()
@@ -67,6 +73,8 @@ def split_problems(unit: Any, load: Callable[[], Any], transform: Any) -> list[s
         sizes = check_inputs(split)
     except EtnError as err:
         return [f"{name}: {err}"]
+    if sizes and transform is not None and shapes is not None:
+        shapes[name] = {transform.output_size(*size) for size in sizes}
     problems = [size_problem(name, sizes, transform)]
     if unit.role in CLASS_ROLES:
         problems.append(class_problem(name, unit.role, split_labels(split)))
@@ -84,6 +92,22 @@ def size_problem(name: str, sizes: Any, transform: Any) -> str | None:
         f"Images of split {name} come to the sizes {shapes[:3]} (width, height) after the "
         "backbone's resize and crop; the model needs one size. Set crop = N (and resize) in the "
         "pipeline's [backbone] table."
+    )
+
+
+def mixed_splits(shapes: dict[str, set[tuple[int, int]]]) -> str | None:
+    """Splits each of one size, but not all of the same: the model would see the OOD sets at
+    another resolution than the one it learnt on (OpenOOD resizes every set to the ID size)."""
+    single = {name: next(iter(found)) for name, found in shapes.items() if len(found) == 1}
+    if len(set(single.values())) < 2:
+        return None
+    by_size: dict[tuple[int, int], list[str]] = {}
+    for name, size in single.items():
+        by_size.setdefault(size, []).append(name)
+    shown = "; ".join(f"{w}x{h}: {', '.join(names)}" for (w, h), names in sorted(by_size.items()))
+    return (
+        f"The splits come to different image sizes after the backbone's resize and crop ({shown}); "
+        "expected one input size for every split. Set resize and crop in the [backbone] table."
     )
 
 
