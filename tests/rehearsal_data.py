@@ -39,9 +39,24 @@ MMLU_SUBJECTS = (
 )  # fmt: skip
 
 
-def random_pixels(rng: np.random.Generator, n: int, size: tuple[int, int]) -> np.ndarray:
-    """``n`` smooth-ish random RGB images (n, H, W, 3) uint8: a class-free colour field."""
+PALETTE = np.array(
+    [[230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200], [245, 130, 48],
+     [145, 30, 180], [70, 240, 240], [240, 50, 230], [140, 90, 40], [250, 190, 212]],
+    dtype=np.float32,
+)  # fmt: skip
+
+
+def random_pixels(
+    rng: np.random.Generator, n: int, size: tuple[int, int], labels: np.ndarray | None = None
+) -> np.ndarray:
+    """``n`` random RGB images (n, H, W, 3) uint8. With ``labels``, each is its class's colour
+    (label mod 10) plus noise, so that one short epoch learns them and every class has rows
+    classified right (SHE, Mahalanobis and the class-conditional scorers need some); without,
+    a class-free colour field (OOD images)."""
     h, w = size
+    if labels is not None:
+        base = PALETTE[np.asarray(labels) % 10][:, None, None, :]  # (n, 1, 1, 3)
+        return np.clip(base + rng.normal(0, 25, (n, h, w, 3)), 0, 255).astype(np.uint8)
     coarse = rng.integers(0, 256, (n, 4, 4, 3)).astype(np.float32)
     rows, cols = np.linspace(0, 3, h).round().astype(int), np.linspace(0, 3, w).round().astype(int)
     noise = rng.normal(0, 20, (n, h, w, 3))
@@ -73,7 +88,7 @@ def write_cifar10(root: Path, per_batch: int, test_rows: int, seed: int = 0) -> 
         record = {
             "batch_label": f"{name} of 5",
             "labels": labels,
-            "data": cifar_rows(random_pixels(rng, n, (32, 32))),
+            "data": cifar_rows(random_pixels(rng, n, (32, 32), np.asarray(labels))),
             "filenames": [f"img_{i}.png" for i in range(n)],
         }
         dump_batch(folder / name, record)
@@ -124,12 +139,12 @@ def write_class_folders(
     first class is grayscale and the second CMYK, as a few of ILSVRC2012's are."""
     rng = np.random.default_rng(seed)
     k = 0
-    for wnid in wnids:
+    for c, wnid in enumerate(wnids):
         for _ in range(per_class):
             h, w = sizes[k % len(sizes)]
             mode = {0: "L", 1: "CMYK"}.get(k, "RGB")
             name = f"ILSVRC2012_val_{seed:02d}{k:06d}.JPEG"
-            save_image(folder / wnid / name, random_pixels(rng, 1, (h, w))[0], mode)
+            save_image(folder / wnid / name, random_pixels(rng, 1, (h, w), np.array([c]))[0], mode)
             k += 1
 
 
@@ -159,8 +174,10 @@ def write_openood(
         for i in range(rows[split]):
             h, w = sizes[split][i % len(sizes[split])]
             name = f"{split}/{split}_{i:05d}.{'png' if max(h, w) <= 64 else 'jpg'}"
-            save_image(root / images / name, random_pixels(rng, 1, (h, w))[0])
-            entries.append((name, i % classes if classes else -1))
+            label = i % classes if classes else -1
+            pixels = random_pixels(rng, 1, (h, w), np.array([label]) if classes else None)
+            save_image(root / images / name, pixels[0])
+            entries.append((name, label))
         write_list(root, f"benchmark_imglist/{benchmark}/{listing}", entries)
 
 
