@@ -22,8 +22,9 @@ CIFAR and SVHN are read by etn from their published formats (not through torchvi
 md5 check refuses anything but the full release); that reader equals torchvision's on
 real-format bytes in ``tests/test_vision.py``.
 
-Fast by default: the failure-before-work check and the LLM pipelines; the vision pipelines,
-which train a VGG16 / ResNet or run a ResNet-50 on CPU, are ``slow``.
+Fast by default: the failure before any work of ``openood_cifar10`` without its resize and
+crop (about 15 s). Every run to a table is ``slow`` (``pytest -m slow tests/test_rehearsal.py``):
+each trains a backbone or LoRA adapter and about thirty heads on the CPU, minutes apiece.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def mcqa_files(root: Path) -> None:
     rd.write_obqa_original(root / "obqa", {"train": 24, "dev": 16, "test": 16})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     ["race_llama3", "obqa_llama3", "race_gemma2", "obqa_gemma2", "race_llama3_ablation_prior"],
