@@ -13,6 +13,8 @@ transforms = "IMAGENET1K_V1"       # optional: preprocessing of these torchvisio
 
 * A **state dict** is loaded strictly into torchvision's ``model`` (``torch.load`` with
   ``weights_only=True``, or safetensors; :mod:`etn_cli.backbones.torchvision_weights`).
+  Beside it, ``weights = "IMAGENET1K_V2"`` (weights of ``model``) gives their preprocessing,
+  as ``transforms`` would: a local copy of a hub file is one setting (:func:`weights_beside`).
 * A **TorchScript** file (``torch.jit.save``) carries its own architecture. Forward hooks do
   not exist for scripted modules, so its forward graph is inlined and made to return, next
   to the logits, the input and the output of the ``classifier``'s linear operation (the last
