@@ -156,6 +156,14 @@ def write_imagenet(root: Path, wnids: list[str], per_class: int, seed: int = 3) 
         write_class_folders(root / name, wnids[:3], 2, sizes[::-1], seed + 1 + i)
 
 
+def labelled_images(
+    root: Path, listing: str, images: str
+) -> tuple[tuple[Path, ...], tuple[int, ...]]:
+    """The images and labels an OpenOOD list names, read as its format says."""
+    lines = [line.rsplit(maxsplit=1) for line in (root / listing).read_text().splitlines()]
+    return tuple(root / images / name for name, _ in lines), tuple(int(y) for _, y in lines)
+
+
 def write_list(root: Path, listing: str, entries: list[tuple[str, int]]) -> None:
     path = root / listing
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -259,14 +267,32 @@ def hub_cache_model(cache: Path, repo_id: str, folder: Path) -> Path:
     return snapshot
 
 
-def torchvision_checkpoint(path: Path, model: str, seed: int = 0) -> Path:
+def torchvision_checkpoint(
+    path: Path, model: str, images: tuple[Path, ...] = (), labels: tuple[int, ...] = (), seed=0
+) -> Path:
     """Random weights of torchvision's ``model`` saved as its hub checkpoints are (a state dict
-    of ``torch.save``)."""
+    of ``torch.save``). Given labelled ``images``, the final layer becomes their nearest class
+    mean (features through the weights' own ``transforms()``), so that the random network
+    classifies its miniature right, as the scorers that keep correctly classified rows per
+    class (SHE) need; every other value stays random."""
     import torch
     import torchvision
 
     torch.manual_seed(seed)
-    net = torchvision.models.get_model(model, weights=None)
+    net = torchvision.models.get_model(model, weights=None).eval()
+    if images:
+        preprocess = torchvision.models.get_model_weights(model).DEFAULT.transforms()
+        batch = torch.stack([preprocess(Image.open(f).convert("RGB")) for f in images])
+        head = net.fc
+        net.fc = torch.nn.Identity()
+        with torch.no_grad():
+            features = net(batch)  # (N, D)
+            y = torch.tensor(labels)
+            for c in y.unique():
+                mean = features[y == c].mean(0)
+                head.weight[c] = mean
+                head.bias[c] = -0.5 * mean.dot(mean)
+        net.fc = head
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(net.state_dict(), path)
     return path
