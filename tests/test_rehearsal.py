@@ -130,7 +130,10 @@ def test_cifar10_vgg16_runs_to_its_table_on_cifar_pickles_and_svhn_mat(tmp_path:
 @pytest.mark.slow
 def test_imagenet_resnet50_runs_to_its_table_on_wordnet_folders(tmp_path: Path) -> None:
     rd.write_imagenet(tmp_path / "data" / "vision", IMAGENET_WNIDS, per_class=4)
-    checkpoint = rd.torchvision_checkpoint(tmp_path / "weights" / "resnet50.pth", "resnet50")
+    images = sorted((tmp_path / "data" / "vision" / "imagenet" / "val").glob("*/*.JPEG"))
+    labels = tuple(IMAGENET_WNIDS.index(f.parent.name) for f in images)  # ids 0..4 of 1,000
+    path = tmp_path / "weights" / "resnet50.pth"
+    checkpoint = rd.torchvision_checkpoint(path, "resnet50", tuple(images), labels)
     args = sets(f"backbone.checkpoint={checkpoint}", "data.workers=0", "data.batch_size=16",
                 heads=TRAINED)  # fmt: skip
     assert_table(*run(tmp_path, "imagenet_resnet50", *args), "imagenet_resnet50")
