@@ -13,12 +13,13 @@ A Hugging Face download is found where it lands: ``hf download ehovy/race --repo
 --local-dir <root>/race`` leaves ``race/all/<split>-*.parquet`` (``obqa/main/...`` for
 ``allenai/openbookqa``, ``mmlu/<subject>/<split>-*.parquet`` for ``cais/mmlu``), and without
 ``--local-dir`` the files are read from the hub cache's snapshot (``datasets--ehovy--race/
-snapshots/<refs/main>/all/``). When a split has no files in either place and the Hugging Face ``datasets`` library is installed, it is
-read from the hub datasets ``ehovy/race`` (``all``), ``allenai/openbookqa`` (``main``) and
-``cais/mmlu`` (one config per subject), honouring ``HF_DATASETS_OFFLINE`` and the HF cache.
-``Split.data[i]`` is ``(Question, answer index)``; the backbone renders the prompt, so the
-prompt template belongs to the backbone's fingerprint. ``Split.index`` is the question's
-position in its source split (for MMLU groups: in the subjects concatenated in table order).
+snapshots/<refs/main>/all/``). When a split has no files in either place and the Hugging Face
+``datasets`` library is installed, it is read from the hub datasets ``ehovy/race`` (``all``),
+``allenai/openbookqa`` (``main``) and ``cais/mmlu`` (one config per subject), honouring
+``HF_DATASETS_OFFLINE`` and the HF cache. ``Split.data[i]`` is ``(Question, answer index)``;
+the backbone renders the prompt, so the prompt template belongs to the backbone's fingerprint.
+``Split.index`` is the question's position in its source split (for MMLU groups: in the
+subjects concatenated in table order).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Image datasets read from local files: CIFAR-10, CIFAR-100 and SVHN in their published formats
-(torchvision downloads them on request), and torchvision's ``FakeData`` for tests, demos and benchmarks.
+"""Image datasets read from local files: CIFAR-10, CIFAR-100 and SVHN in their published
+formats (torchvision downloads them on request), and torchvision's ``FakeData`` for tests,
+demos and benchmarks.
 
 Every split yields ``(PIL image, label)``; the backbone applies its own preprocessing. Files
 are looked for under the pipeline's ``[data] root`` and downloaded only when the dataset's
