@@ -22,8 +22,8 @@ CIFAR and SVHN are read by etn from their published formats (not through torchvi
 md5 check refuses anything but the full release); that reader equals torchvision's on
 real-format bytes in ``tests/test_vision.py``.
 
-Fast by default: the failure before any work of ``openood_cifar10`` without its resize and
-crop (about 15 s). Every run to a table is ``slow`` (``pytest -m slow tests/test_rehearsal.py``):
+Fast by default: the failures before any work of ``openood_cifar10`` without its resize and
+crop and of ``cifar10_vgg16`` on an adaptation split missing classes (seconds each). Every run to a table is ``slow`` (``pytest -m slow tests/test_rehearsal.py``):
 each trains a backbone or LoRA adapter and about thirty heads on the CPU, minutes apiece.
 """
 
@@ -113,12 +113,27 @@ def test_openood_cifar10_runs_to_its_table(tmp_path: Path) -> None:
 # -- CIFAR-10 with VGG16 ------------------------------------------------------------------------
 
 
+def cifar_files(vision: Path, per_batch: int) -> None:
+    rd.write_cifar10(vision, per_batch=per_batch, test_rows=40)
+    rd.write_cifar100(vision, train_rows=20, test_rows=30)
+    rd.write_svhn(vision, "test", rows=30)
+
+
+def test_cifar10_vgg16_on_an_adapt_split_missing_classes_fails_before_stage_zero(tmp_path):
+    """200 training rows leave 10 for adapt (5%), without classes 6 and 7: Mahalanobis would
+    refuse them after the fine-tune and a dozen heads; the files say so before any work."""
+    cifar_files(tmp_path / "data" / "vision", per_batch=40)
+    code, out = run(tmp_path, "cifar10_vgg16", *sets("finetune.epochs=1"))
+    assert code == 2, out
+    assert "Split cifar10:adapt has no rows of 2 of its 10 classes (6, 7)" in out, out
+    assert "Mahalanobis need rows of every class" in out, out
+    assert not list((tmp_path / "etn-data").glob("backbones/*finetune*")), "stage zero ran"
+
+
 @pytest.mark.slow
 def test_cifar10_vgg16_runs_to_its_table_on_cifar_pickles_and_svhn_mat(tmp_path: Path) -> None:
     vision = tmp_path / "data" / "vision"
-    rd.write_cifar10(vision, per_batch=40, test_rows=40)
-    rd.write_cifar100(vision, train_rows=20, test_rows=30)
-    rd.write_svhn(vision, "test", rows=30)
+    cifar_files(vision, per_batch=200)  # 1,000 rows: 50 adapt rows hold every class
     args = sets("finetune.epochs=1", "finetune.batch_size=32", "finetune.workers=0",
                 "data.workers=0", "data.batch_size=64", heads=TRAINED)  # fmt: skip
     assert_table(*run(tmp_path, "cifar10_vgg16", *args), "cifar10_vgg16")

@@ -44,7 +44,7 @@ from etn_cli.planning.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.distributed import World, current_world, from_main, join, rank_device
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
-from etn_cli.stages.input_checks import check_splits
+from etn_cli.stages.input_checks import check_splits, every_class_roles
 from etn_cli.stages.prepare import prepare, require_prepared
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
@@ -75,7 +75,8 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
         pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
         if pending:  # every input checked and the model loaded before anything is written
             transform = getattr(plan.backbone, "transform", None)  # images: their sizes
-            check = functools.partial(check_pending_inputs, pending, splits, transform)
+            roles = every_class_roles(plan)  # heads that need rows of every class
+            check = functools.partial(check_pending_inputs, pending, splits, transform, roles)
             from_main(world, check, "checking the input files")
             load_weights(backbone())
         if world.main:  # the digests of the input files learnt while planning
@@ -138,12 +139,12 @@ def unit_split(plan: Plan, unit: FeatureUnit) -> Callable[[], Any]:
 
 
 def check_pending_inputs(
-    pending: list[FeatureUnit], splits: dict[Path, Callable], transform: Any = None
+    pending: list[FeatureUnit], splits: dict[Path, Callable], transform: Any = None, roles=None
 ) -> None:
     """Read every split still to extract and check its inputs
     (:mod:`~etn_cli.stages.input_checks`), so that a bad file in the last split stops the run
     before the first split is written; every problem is listed at once."""
-    check_splits([(unit, splits[unit.path]) for unit in pending], transform)
+    check_splits([(unit, splits[unit.path]) for unit in pending], transform, roles)
 
 
 def load_weights(backbone: Any) -> None:

@@ -10,7 +10,8 @@ every split still to build is read and checked (:func:`check_splits`):
   (a batch needs one size, and the model one input size), for the ID splits and every OOD list
   alike;
 * the splits a head or stage zero fits on (adapt, fit, the fine-tune split) and the ID test
-  split hold at least two classes.
+  split hold at least two classes, and every class where a head estimates something per class
+  (Mahalanobis, RMDS, DDU, SHE).
 
 Each problem is one line; all of them are gathered and raised as one :class:`EtnError`, so a
 user fixes every file at once instead of one per run. A split checked once in a process is not
@@ -37,14 +38,18 @@ CLASS_ROLES = {
 }
 
 
-def check_splits(named: Iterable[tuple[Any, Callable[[], Any]]], transform: Any) -> None:
-    """Check each ``(unit, load split)``; raise one EtnError listing every problem found."""
+def check_splits(
+    named: Iterable[tuple[Any, Callable[[], Any]]], transform: Any, every_class: dict | None = None
+) -> None:
+    """Check each ``(unit, load split)``; raise one EtnError listing every problem found.
+    ``every_class`` maps a role to the heads fitted on it that need rows of every class."""
     problems: list[str] = []
     shapes: dict[str, set[tuple[int, int]]] = {}  # each split's sizes after resize and crop
     for unit, load in named:
         if unit.path in _CHECKED:
             continue
-        found = split_problems(unit, load, transform, shapes)
+        heads = (every_class or {}).get(unit.role, [])
+        found = split_problems(unit, load, transform, shapes, heads)
         problems += found
         if not found:
             _CHECKED.add(unit.path)
@@ -59,7 +64,11 @@ def check_splits(named: Iterable[tuple[Any, Callable[[], Any]]], transform: Any)
 
 
 def split_problems(
-    unit: Any, load: Callable[[], Any], transform: Any, shapes: dict[str, set] | None = None
+    unit: Any,
+    load: Callable[[], Any],
+    transform: Any,
+    shapes: dict[str, set] | None = None,
+    every_class: list[str] = (),
 ) -> list[str]:
     """The problems of one split, each a line naming it (empty: none); its image sizes after
     the transform go into ``shapes``."""
@@ -78,7 +87,24 @@ def split_problems(
     problems = [size_problem(name, sizes, transform)]
     if unit.role in CLASS_ROLES:
         problems.append(class_problem(name, unit.role, split_labels(split)))
+    if every_class:
+        problems.append(missing_classes(name, split_labels(split), split.num_classes, every_class))
     return [p for p in problems if p]
+
+
+def missing_classes(name: str, labels: Any, classes: int, heads: list[str]) -> str | None:
+    """Heads that estimate something per class (Mahalanobis, RMDS, DDU, SHE) refuse a fit
+    split without rows of some class; said from the labels, before any work."""
+    if labels is None:
+        return None
+    missing = np.flatnonzero(np.bincount(labels[labels >= 0], minlength=classes) == 0)
+    if not len(missing):
+        return None
+    shown = ", ".join(str(c) for c in missing[:10]) + (" ..." if len(missing) > 10 else "")
+    return (
+        f"Split {name} has no rows of {len(missing)} of its {classes} classes ({shown}), but "
+        f"{', '.join(heads)} need rows of every class. Use a larger or stratified split."
+    )
 
 
 def size_problem(name: str, sizes: Any, transform: Any) -> str | None:
@@ -163,4 +189,14 @@ def check_planned_inputs(plan: Any) -> None:
     for unit in plan.feature_units:
         if not split_is_complete(unit.path):
             named.append((unit, functools.partial(load_unit_split, plan.pipeline, unit)))
-    check_splits(named, getattr(plan.backbone, "transform", None))
+    check_splits(named, getattr(plan.backbone, "transform", None), every_class_roles(plan))
+
+
+def every_class_roles(plan: Any) -> dict[str, list[str]]:
+    """Role of a fit split -> the planned heads fitted on it that need rows of every class."""
+    roles: dict[str, list[str]] = {}
+    for unit in plan.heads:
+        if getattr(unit.head, "needs_every_class", False):
+            names = roles.setdefault(plan.fit_unit(unit.head).role, [])
+            names += [] if unit.head.label in names else [unit.head.label]
+    return roles
