@@ -6,7 +6,7 @@ formats (:mod:`tests.rehearsal_data`, built without etn's readers). ``etn run`` 
 table. Only sizes are overridden with ``--set``:
 
 * ``seeds=[0]`` (one seed of three);
-* ``finetune.epochs`` (1, or 20 for openood_cifar10, whose SHE needs every class classified
+* ``finetune.epochs`` (1, or 40 for openood_cifar10, whose SHE needs every class classified
   right somewhere in the training list) and ``finetune.batch_size``;
 * ``heads.<name>.epochs=1`` and ``heads.<name>.batch_size`` for the heads that train;
 * ``data.batch_size``, ``data.workers=0`` and, for openood_imagenet, ``data.fit_rows``.
@@ -105,7 +105,7 @@ def test_openood_cifar10_without_resize_fails_before_stage_zero_listing_every_li
 @pytest.mark.slow
 def test_openood_cifar10_runs_to_its_table(tmp_path: Path) -> None:
     openood_cifar10(tmp_path / "data" / "openood", rows=20)
-    args = sets("finetune.epochs=20", "finetune.batch_size=16", "finetune.workers=0",
+    args = sets("finetune.epochs=40", "finetune.batch_size=16", "finetune.workers=0",
                 "data.workers=0", "data.batch_size=64")  # fmt: skip
     args += sets(heads=("etn", "static", "map_edl", "ib_edl", "ensemble"))[2:]
     assert_table(*run(tmp_path, "openood_cifar10", *args), "openood_cifar10")
