@@ -44,7 +44,7 @@ from etn_cli.planning.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.distributed import World, current_world, from_main, join, rank_device
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
-from etn_cli.stages.input_checks import check_splits, every_class_roles
+from etn_cli.stages.input_checks import check_splits
 from etn_cli.stages.prepare import prepare, require_prepared
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
@@ -75,8 +75,7 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
         pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
         if pending:  # every input checked and the model loaded before anything is written
             transform = getattr(plan.backbone, "transform", None)  # images: their sizes
-            roles = every_class_roles(plan)  # heads that need rows of every class
-            check = functools.partial(check_pending_inputs, pending, splits, transform, roles)
+            check = functools.partial(check_pending_inputs, pending, splits, transform)
             from_main(world, check, "checking the input files")
             load_weights(backbone())
         if world.main:  # the digests of the input files learnt while planning

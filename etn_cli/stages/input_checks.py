@@ -172,24 +172,27 @@ def unit_name(unit: Any) -> str:
     return f"{dataset}:{split}" if dataset else f"{getattr(unit, 'name', '?')} ({unit.role})"
 
 
-def check_planned_inputs(plan: Any) -> None:
-    """:func:`check_splits` over the fine-tune split and every feature split still to
-    extract: what stage zero runs first (``etn finetune``, ``etn run``)."""
+def check_planned_inputs(plan: Any, every_class: bool = False) -> None:
+    """:func:`check_splits` over the fine-tune split (unless trained) and every feature split
+    still to extract: what stage zero runs first (``etn finetune``). ``every_class``: also the
+    classes the planned heads need (``etn run``, which goes on to train them)."""
     import functools
     from types import SimpleNamespace
 
     from etn_cli.planning.plan import load_unit_split, open_source
+    from etn_cli.stages.finetune import finetune_is_complete
     from etn_cli.store.writing.manifest import split_is_complete
 
     named: list[tuple[Any, Callable[[], Any]]] = []
-    if (tune := plan.finetune) is not None:
+    if (tune := plan.finetune) is not None and not finetune_is_complete(tune.path):
         unit = SimpleNamespace(path=tune.path, dataset=tune.dataset, split=tune.split, role="tune")
         source = open_source(plan.pipeline, tune.dataset)
         named.append((unit, functools.partial(source.load_split, tune.split)))
     for unit in plan.feature_units:
         if not split_is_complete(unit.path):
             named.append((unit, functools.partial(load_unit_split, plan.pipeline, unit)))
-    check_splits(named, getattr(plan.backbone, "transform", None), every_class_roles(plan))
+    roles = every_class_roles(plan) if every_class else None
+    check_splits(named, getattr(plan.backbone, "transform", None), roles)
 
 
 def every_class_roles(plan: Any) -> dict[str, list[str]]:
