@@ -420,6 +420,30 @@ def test_missing_files_name_the_paths_looked_in(tmp_path, monkeypatch):
     assert "\n" not in message
 
 
+def test_hf_downloads_are_read_where_they_land(tmp_path, monkeypatch):
+    """``hf download ehovy/race --repo-type dataset --local-dir <root>/race`` leaves
+    ``race/all/<split>-*.parquet``; without ``--local-dir`` the files are in the hub cache's
+    snapshot, which ``refs/main`` names."""
+    from huggingface_hub import constants
+
+    from tests import rehearsal_data as rd
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    rd.write_race(tmp_path / "root" / "race", {"test": 5})
+    local = datasets.get("race")(root=str(tmp_path / "root")).load_split("test")
+    assert len(local) == 5 and local.data.questions[0].context == "An article about thing 0."
+    repo = tmp_path / "hub" / "datasets--ehovy--race"
+    rd.write_race(repo / "snapshots" / rd.COMMIT, {"test": 4})
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rd.COMMIT)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    cached = datasets.get("race")(root=str(tmp_path / "elsewhere")).load_split("test")
+    assert len(cached) == 4
+    assert list(cached.fingerprint["sources"][0]["files"]) == [
+        f"datasets--ehovy--race/snapshots/{rd.COMMIT}/all/test-00000-of-00001.parquet"
+    ]
+
+
 def test_hugging_face_datasets_rows_are_read_when_files_are_missing(tmp_path, monkeypatch):
     """``datasets.load_dataset`` stands in for the (uninstalled) library: the rows it returns
     are HF's OpenBookQA rows; etn maps them and records where they came from."""

@@ -3,6 +3,7 @@ initialised torchvision models, tiny folders of images written to ``tmp_path``."
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from pathlib import Path
 
@@ -373,3 +374,58 @@ def test_ls_lists_the_vision_backbone_and_datasets() -> None:
     names = set(CliRunner().invoke(app, ["ls", "datasets"]).output.split())
     assert {"cifar10", "cifar100", "svhn", "fake", "imagenet", "imagenet_a"} <= names
     assert {"imagenet_r", "imagenet_sketch"} <= names and "torchvision" in backbones
+
+
+def test_cifar_and_svhn_files_read_as_torchvisions_readers_read_them(tmp_path, monkeypatch):
+    """etn's own reader of the published formats (torchvision's refuses any file but the
+    release, by md5) gives torchvision's images and labels, row for row, on real-format bytes
+    built from the format descriptions; the row count is the files'."""
+    from torchvision.datasets import CIFAR10, CIFAR100, SVHN
+
+    from tests import rehearsal_data as rd
+
+    rd.write_cifar10(tmp_path, per_batch=7, test_rows=5)
+    rd.write_cifar100(tmp_path, train_rows=6, test_rows=4)
+    rd.write_svhn(tmp_path, "test", rows=6)
+    monkeypatch.setattr(CIFAR10, "_check_integrity", lambda self: True)  # a miniature, not
+    monkeypatch.setattr(CIFAR10, "_load_meta", lambda self: None)  # the release's md5
+    monkeypatch.setattr(SVHN, "_check_integrity", lambda self: True)
+    cases = [
+        ("cifar10", "test", CIFAR10(str(tmp_path), train=False)),
+        ("cifar100", "train", CIFAR100(str(tmp_path), train=True)),
+        ("svhn", "test", SVHN(str(tmp_path), split="test")),
+    ]
+    for name, split, theirs in cases:
+        ours = datasets.get(name)(root=str(tmp_path)).load_split(split)
+        assert len(ours) == len(theirs)
+        for (image, label), (expected, expected_label) in zip(ours.data, theirs, strict=True):
+            assert np.array_equal(np.asarray(image), np.asarray(expected))
+            assert label == expected_label
+    cifar = datasets.get("cifar10")(root=str(tmp_path))
+    train, adapt = cifar.rows("train"), cifar.rows("adapt")
+    assert len(train) + len(adapt) == 35 and len(adapt) == round(0.05 * 35)
+    test_batch = (tmp_path / "cifar-10-batches-py" / "test_batch").read_bytes()
+    assert cifar.fingerprint("test")["files_md5"] == [hashlib.md5(test_batch).hexdigest()]
+
+
+def test_a_checkpoint_beside_weights_takes_their_transforms_and_its_own_values(tmp_path):
+    """``weights = "IMAGENET1K_V1"`` with ``checkpoint``: the weights' architecture and
+    preprocessing, the checkpoint's values (a local copy of the hub file is one setting)."""
+    reference = save_resnet(tmp_path / "m.pt", "state_dict")
+    config = Config(model="resnet18", weights="IMAGENET1K_V1", checkpoint=str(tmp_path / "m.pt"))
+    backbone = TorchvisionBackbone(config, tmp_path)
+    spec = backbone.transform.spec
+    assert (spec.resize, spec.crop, spec.source) == (
+        256,
+        224,
+        "ResNet18_Weights.IMAGENET1K_V1.transforms()",
+    )
+    inputs = torch.rand(1, 3, 64, 64)  # any size: the values are what is checked
+    _, logits, _ = backbone.extract_batch(inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, reference(backbone.prepare(inputs)))
+    other = Config(
+        model="resnet18", weights=str(tmp_path / "m.pt"), checkpoint=str(tmp_path / "m.pt")
+    )
+    with pytest.raises(EtnError, match="not both.*torchvision weights of resnet18"):
+        TorchvisionBackbone(other, tmp_path)

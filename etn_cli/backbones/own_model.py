@@ -13,6 +13,8 @@ transforms = "IMAGENET1K_V1"       # optional: preprocessing of these torchvisio
 
 * A **state dict** is loaded strictly into torchvision's ``model`` (``torch.load`` with
   ``weights_only=True``, or safetensors; :mod:`etn_cli.backbones.torchvision_weights`).
+  Beside it, ``weights = "IMAGENET1K_V2"`` (weights of ``model``) gives their preprocessing,
+  as ``transforms`` would: a local copy of a hub file is one setting (:func:`weights_beside`).
 * A **TorchScript** file (``torch.jit.save``) carries its own architecture. Forward hooks do
   not exist for scripted modules, so its forward graph is inlined and made to return, next
   to the logits, the input and the output of the ``classifier``'s linear operation (the last
@@ -55,7 +57,25 @@ def resolve_source(config: Any) -> Weights:
     if is_torchscript(path):
         return torchscript_entry(path)
     tvw.check_model_name(config.model)
+    weights_beside(config)
     return tvw.local_entry(path, config.num_classes)
+
+
+def weights_beside(config: Any) -> Any:
+    """The torchvision weights named beside a ``checkpoint`` (None for "DEFAULT" / "none"):
+    they give the architecture's preprocessing (their ``transforms()``), the checkpoint gives
+    every value, so a local copy of ``resnet50-11ad3fa6.pth`` is one setting. Anything else in
+    ``weights`` (a file) is refused: one file of your own goes in ``checkpoint``."""
+    if config.weights in ("DEFAULT", "none"):
+        return None
+    found = tvw.hub_weights(config.model, config.weights)
+    if found is None:
+        raise EtnError(
+            f"Give weights or checkpoint, not both (found weights = {config.weights!r} and "
+            f"checkpoint = {config.checkpoint!r}). A file of your own goes in checkpoint; beside "
+            f"it, weights may only name torchvision weights of {config.model} (their transforms)."
+        )
+    return found
 
 
 def base_spec(config: Any, weights: Weights) -> TransformSpec:
@@ -66,6 +86,8 @@ def base_spec(config: Any, weights: Weights) -> TransformSpec:
         return spec_from_weights(enum.transforms(), str(enum))
     if weights.kind == "hub":
         return spec_from_weights(weights.enum.transforms(), str(weights.enum))
+    if config.checkpoint is not None and (enum := weights_beside(config)) is not None:
+        return spec_from_weights(enum.transforms(), str(enum))
     return TransformSpec()
 
 

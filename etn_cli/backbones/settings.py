@@ -107,11 +107,6 @@ class TorchvisionConfig:
         check_image_extras(self, "torchvision")
         if self.classifier and self.classifier_layer:
             raise EtnError("Give classifier or classifier_layer (its earlier name), not both.")
-        if self.checkpoint and self.weights not in ("DEFAULT", "none"):
-            raise EtnError(
-                f"Give weights or checkpoint, not both (found weights = {self.weights!r} and "
-                f"checkpoint = {self.checkpoint!r}). A file of your own goes in checkpoint."
-            )
 
     @property
     def head_layer(self) -> str | None:

@@ -16,7 +16,7 @@ import typer
 
 from etn_cli.cli import build as cli_build
 from etn_cli.cli import inspect as cli_inspect
-from etn_cli.cli.options import fail, one_line
+from etn_cli.cli.options import error_lines, fail, one_line
 from etn_cli.errors import EtnError
 from etn_cli.progress import write_line
 
@@ -92,7 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(code, int) and code:
             sys.exit(code)
     except (UsageError, EtnError) as err:
-        fail(" ".join(str(err).split("\n")), 2)
+        *lines, last = error_lines(str(err))
+        for line in lines:  # every problem of a list on its own line
+            write_line(f"error: {line}")
+        fail(last, 2)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
     except (typer.Abort, KeyboardInterrupt):

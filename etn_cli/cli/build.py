@@ -27,6 +27,7 @@ from etn_cli.cli.options import (
     Verbose,
     check_device_name,
     check_format,
+    error_lines,
     only_heads,
     resolve_data_dir,
 )
@@ -156,7 +157,10 @@ def run(
         if outcome.ok and not outcome.failures:
             progress.say(outcome.line())
         else:
-            typer.echo(" ".join(outcome.line().split("\n")), err=True)
+            head, *items = error_lines(outcome.line())
+            typer.echo(head, err=True)
+            for item in items:  # each listed problem on a line of its own
+                typer.echo(f"error: {item}", err=True)
     if not all(o.ok for o in outcomes):  # 2: the user's to fix, as every `error:` line; 1: a bug
         raise typer.Exit(1 if any(o.bug for o in outcomes) else 2)
     if any(o.failures for o in outcomes):  # 1: a method refused its data, the rest ran

@@ -143,3 +143,13 @@ def one_line(err: Exception) -> str:
 def fail(message: str, code: int) -> None:
     write_line(f"error: {message}")
     sys.exit(code)
+
+
+def error_lines(message: str) -> list[str]:
+    """A domain error as lines for stderr: its text as one line, and each item of a list of
+    problems (a line indented by two spaces, as planning and the input checks write them) as
+    a line of its own."""
+    head, items = [], []
+    for line in message.split("\n"):
+        (items if line.startswith("  ") and line.strip() else head).append(line.strip())
+    return [" ".join(part for part in head if part), *items]

@@ -9,12 +9,17 @@ Each split is read from files under ``[data] root`` in the schema of :mod:`mcqa_
     <root>/mmlu/<subject>/{test,validation,dev}.{jsonl,parquet}
     <root>/mmlu/data/{test,val,dev}/<subject>_<split>.csv   (MMLU's original release)
 
-When a split has no files there and the Hugging Face ``datasets`` library is installed, it is
-read from the hub datasets ``ehovy/race`` (``all``), ``allenai/openbookqa`` (``main``) and
-``cais/mmlu`` (one config per subject), honouring ``HF_DATASETS_OFFLINE`` and the HF cache.
-``Split.data[i]`` is ``(Question, answer index)``; the backbone renders the prompt, so the
-prompt template belongs to the backbone's fingerprint. ``Split.index`` is the question's
-position in its source split (for MMLU groups: in the subjects concatenated in table order).
+A Hugging Face download is found where it lands: ``hf download ehovy/race --repo-type dataset
+--local-dir <root>/race`` leaves ``race/all/<split>-*.parquet`` (``obqa/main/...`` for
+``allenai/openbookqa``, ``mmlu/<subject>/<split>-*.parquet`` for ``cais/mmlu``), and without
+``--local-dir`` the files are read from the hub cache's snapshot (``datasets--ehovy--race/
+snapshots/<refs/main>/all/``). When a split has no files in either place and the Hugging Face
+``datasets`` library is installed, it is read from the hub datasets ``ehovy/race`` (``all``),
+``allenai/openbookqa`` (``main``) and ``cais/mmlu`` (one config per subject), honouring
+``HF_DATASETS_OFFLINE`` and the HF cache. ``Split.data[i]`` is ``(Question, answer index)``;
+the backbone renders the prompt, so the prompt template belongs to the backbone's fingerprint.
+``Split.index`` is the question's position in its source split (for MMLU groups: in the
+subjects concatenated in table order).
 """
 
 from __future__ import annotations
@@ -142,7 +147,7 @@ class MCQASource(DatasetSource):
             if files and all(f.is_file() for f in files):
                 questions = [q for f in files for q in read_questions(f, NUM_CHOICES)]
                 root = Path(self.root or ".")
-                hashes = {str(f.relative_to(root)): file_sha256(f) for f in files}
+                hashes = {shown_path(f, root): file_sha256(f) for f in files}
                 return questions, {"part": part.folder, "files": hashes}
         from_hub = read_hf(part, split)
         if from_hub is not None:
@@ -159,18 +164,49 @@ class MCQASource(DatasetSource):
     def candidates(self, part: Part, split: str) -> list[list[Path]]:
         """File sets to try in order: ``<split>.jsonl``, ``<split>.parquet``, parquet shards,
         then MMLU's original CSV; the first that exists is read."""
-        if self.root is None:
-            return []
-        folder = Path(self.root) / part.folder
+        stems = (split, *self.aliases.get(split, ()))
         tried = []
-        for stem in (split, *self.aliases.get(split, ())):
-            tried += [[folder / f"{stem}{suffix}"] for suffix in SUFFIXES[:2]]
-            tried.append(sorted(folder.glob(f"{stem}-*.parquet")))
-        if part.mmlu_subject is not None and split in MMLU_CSV_SPLITS:
-            csv_split = MMLU_CSV_SPLITS[split]
-            name = f"{part.mmlu_subject}_{csv_split}.csv"
-            tried.append([Path(self.root) / "mmlu" / "data" / csv_split / name])
+        if self.root is not None:
+            folder = Path(self.root) / part.folder
+            for stem in stems:
+                tried += [[folder / f"{stem}{suffix}"] for suffix in SUFFIXES[:2]]
+                tried.append(sorted(folder.glob(f"{stem}-*.parquet")))
+                # `hf download <repo> --repo-type dataset --local-dir <root>/<folder>` keeps
+                # the repository's layout: one folder per config (race/all/test-*.parquet)
+                tried.append(sorted((folder / part.hf[1]).glob(f"{stem}-*.parquet")))
+            if part.mmlu_subject is not None and split in MMLU_CSV_SPLITS:
+                csv_split = MMLU_CSV_SPLITS[split]
+                name = f"{part.mmlu_subject}_{csv_split}.csv"
+                tried.append([Path(self.root) / "mmlu" / "data" / csv_split / name])
+        snapshot = hub_cache_snapshot(part.hf[0])  # `hf download` without --local-dir
+        if snapshot is not None:
+            tried += [sorted((snapshot / part.hf[1]).glob(f"{stem}-*.parquet")) for stem in stems]
         return tried
+
+
+def shown_path(file: Path, root: Path) -> str:
+    """A file's path relative to the root, or from its dataset repository in the hub cache."""
+    if file.is_relative_to(root):
+        return str(file.relative_to(root))
+    parts = file.parts
+    at = next((i for i, p in enumerate(parts) if p.startswith("datasets--")), None)
+    return str(Path(*parts[at:])) if at is not None else str(file)
+
+
+def hub_cache_snapshot(repo_id: str) -> Path | None:
+    """The snapshot folder ``refs/main`` names in the Hugging Face hub cache for the dataset
+    repository ``repo_id`` (where `hf download <repo> --repo-type dataset` puts it), or None."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return None
+    repo = Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}"
+    try:
+        commit = (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        return None
+    snapshot = repo / "snapshots" / commit
+    return snapshot if commit and snapshot.is_dir() else None
 
 
 def read_hf(part: Part, split: str) -> tuple[list[Question], dict[str, Any]] | None:

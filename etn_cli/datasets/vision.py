@@ -1,5 +1,6 @@
-"""Image datasets read from local files: CIFAR-10, CIFAR-100 and SVHN through torchvision, and
-torchvision's ``FakeData`` for tests, demos and benchmarks.
+"""Image datasets read from local files: CIFAR-10, CIFAR-100 and SVHN in their published
+formats (torchvision downloads them on request), and torchvision's ``FakeData`` for tests,
+demos and benchmarks.
 
 Every split yields ``(PIL image, label)``; the backbone applies its own preprocessing. Files
 are looked for under the pipeline's ``[data] root`` and downloaded only when the dataset's
@@ -9,7 +10,9 @@ anything is written.
 
 CIFAR-10's training set is split as in the paper (Supp. "Datasets"): 95% ``train`` (to train
 the backbone with ``etn finetune``) and 5% ``adapt`` (to fit the heads), by a seeded
-permutation of its 50,000 rows; the seed, fractions and a digest of the rows are in every
+permutation of its rows (50,000 in the release; the files are read by
+:mod:`etn_cli.datasets.array_files`, so a subset or a miniature in the same format works
+too); the seed, fractions and a digest of the rows are in every
 split's fingerprint and hence in the shard manifest.
 """
 
@@ -25,6 +28,7 @@ import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from etn_cli.config import build_config
+from etn_cli.datasets.array_files import ArrayImages, read_cifar, read_svhn, svhn_rows
 from etn_cli.datasets.base import DatasetSource, Split, datasets
 from etn_cli.datasets.settings import FakeOptions, TorchvisionOptions
 from etn_cli.errors import EtnError, require_extra
@@ -106,77 +110,93 @@ class VisionSource(DatasetSource):
 
 
 class TorchvisionSource(VisionSource):
-    """A dataset class of ``torchvision.datasets`` with fixed sizes and checksums per split."""
+    """A dataset torchvision can download, read from its published files by
+    :mod:`etn_cli.datasets.array_files`: the row count is the files', and a file's md5 (the one
+    torchvision checks for the official release) is in the fingerprint."""
 
     Options = TorchvisionOptions
-    sizes: ClassVar[dict[str, int]]  # rows of each source split torchvision reads
+    sizes: ClassVar[dict[str, int]]  # rows of each official source split (before download)
     num_classes: ClassVar[int]
 
     def torchvision_class(self) -> type:
         raise NotImplementedError
 
     def files(self, split: str) -> list[tuple[Path, str]]:
-        """``(path, md5)`` of every file the split reads (md5 as torchvision checks it)."""
+        """``(path, md5)`` of every file the split reads (md5 as published for the release)."""
         raise NotImplementedError
 
     def source_split(self, split: str) -> str:
         return split
 
+    def fetched(self, split: str) -> bool:
+        """Whether every file of ``split`` is here (else ``download = true`` fetches them)."""
+        return all(path.is_file() for path, _ in self.files(split))
+
+    def source_rows(self, split: str) -> int:
+        """Rows of the source split: the files', or the official count before a download."""
+        if not self.fetched(split):
+            return self.sizes[self.source_split(split)]
+        return len(self.read(self.source_split(split))[1])
+
     def rows(self, split: str) -> np.ndarray:
-        return np.arange(self.sizes[self.source_split(split)], dtype=np.int64)
+        return np.arange(self.source_rows(split), dtype=np.int64)
 
     def check_files(self, split: str) -> None:
         if self.opts.download:
             return
         for path, _ in self.files(split):
             if not path.is_file():
-                cls = self.torchvision_class()
                 raise EtnError(
-                    f"Expected {self.title} ({split}) at {path}, found no such file. Download "
-                    f"and extract {cls.url} into {self.root_path()}, or set download = true "
-                    f"under [data.options.{self.name}]."
+                    f"Expected {self.title} ({split}) at {path}, found no such file. "
+                    f"{self.get_advice(split)}"
                 )
 
+    def get_advice(self, split: str) -> str:
+        cls = self.torchvision_class()
+        return (
+            f"Download and extract {cls.url} into {self.root_path()}, or set download = true "
+            f"under [data.options.{self.name}]."
+        )
+
     def fingerprint(self, split: str) -> dict[str, Any]:
+        from etn_cli.store.content import published_md5
+
+        here = self.fetched(split)
         rows = self.rows(split)
-        fp = {
+        return {
             "dataset": self.name,
             "split": split,
             "source": f"torchvision.datasets.{self.torchvision_class().__name__}",
             "source_split": self.source_split(split),
-            "files_md5": [md5 for _, md5 in self.files(split)],
+            "files_md5": [published_md5(p) if here else md5 for p, md5 in self.files(split)],
             "rows": len(rows),
             "rows_sha256": rows_sha256(rows),
         }
-        return fp
 
     def open(self, split: str) -> tuple[Dataset, np.ndarray, int]:
-        data = self.construct(self.source_split(split))
-        expected = self.sizes[self.source_split(split)]
-        if len(data) != expected:
-            raise EtnError(
-                f"Expected {expected} images in {self.title} ({split}) under "
-                f"{self.root_path()}, found {len(data)}. Download the official files again."
-            )
+        source = self.source_split(split)
+        if self.opts.download and not self.fetched(split):
+            self.download(source)
+        images, labels = self.read(source)
         rows = self.rows(split)
+        data = ArrayImages(images, labels)
         subset = data if len(rows) == len(data) else Subset(data, rows.tolist())
         return subset, rows, self.num_classes
 
-    def construct(self, source_split: str) -> Dataset:
+    def read(self, source_split: str) -> tuple[np.ndarray, np.ndarray]:
+        """Images (N, 32, 32, 3) uint8 and labels (N,) of a source split."""
         raise NotImplementedError
 
-    def corrupted(self, err: Exception) -> EtnError:
-        return EtnError(
-            f"torchvision could not read {self.title} under {self.root_path()} ({err}). "
-            f"Delete the files and download them again (or set download = true under "
-            f"[data.options.{self.name}])."
-        )
+    def download(self, source_split: str) -> None:
+        """torchvision's download (it checks the published md5 of what it fetched)."""
+        raise NotImplementedError
 
 
 class CIFARSource(TorchvisionSource):
     """The two CIFAR datasets: python-pickle batches in ``<root>/<base_folder>/``."""
 
     sizes = {"train": 50000, "test": 10000}
+    label_key: ClassVar[str]
 
     def files(self, split: str) -> list[tuple[Path, str]]:
         cls = self.torchvision_class()
@@ -184,16 +204,24 @@ class CIFARSource(TorchvisionSource):
         folder = self.root_path() / cls.base_folder
         return [(folder / name, md5) for name, md5 in listed]
 
-    def construct(self, source_split: str) -> Dataset:
+    def read(self, source_split: str) -> tuple[np.ndarray, np.ndarray]:
+        return read_cifar([path for path, _ in self.files(source_split)], self.label_key)
+
+    def download(self, source_split: str) -> None:
         from etn_cli.datasets.safe_pickle import arrays_only_unpickling
 
         cls = self.torchvision_class()
-        train = source_split == "train"
         try:
             with arrays_only_unpickling():  # the batches are pickles: rebuild arrays only
-                return cls(str(self.root_path()), train=train, download=self.opts.download)
+                cls(str(self.root_path()), train=source_split != "test", download=True)
         except (RuntimeError, pickle.UnpicklingError) as err:
             raise self.corrupted(err) from None
+
+    def corrupted(self, err: Exception) -> EtnError:
+        return EtnError(
+            f"torchvision could not fetch {self.title} into {self.root_path()} ({err}). "
+            f"Delete the files and download them again."
+        )
 
 
 @datasets.register("cifar10")
@@ -204,6 +232,7 @@ class CIFAR10(CIFARSource):
     title = "CIFAR-10"
     splits = ("train", "adapt", "test")
     num_classes = 10
+    label_key = "labels"
 
     def torchvision_class(self) -> type:
         from torchvision.datasets import CIFAR10 as Cls
@@ -216,7 +245,8 @@ class CIFAR10(CIFARSource):
     def rows(self, split: str) -> np.ndarray:
         if split == "test":
             return super().rows(split)
-        return seeded_partition(self.sizes["train"], CIFAR10_FRACTIONS, self.opts.seed)[split]
+        n = self.source_rows(split)
+        return seeded_partition(n, CIFAR10_FRACTIONS, self.opts.seed)[split]
 
     def fingerprint(self, split: str) -> dict[str, Any]:
         fp = super().fingerprint(split)
@@ -233,6 +263,7 @@ class CIFAR100(CIFARSource):
     title = "CIFAR-100"
     splits = ("train", "test")
     num_classes = 100
+    label_key = "fine_labels"
 
     def torchvision_class(self) -> type:
         from torchvision.datasets import CIFAR100 as Cls
@@ -259,22 +290,30 @@ class SVHN(TorchvisionSource):
         _, filename, md5 = self.torchvision_class().split_list[split]
         return [(self.root_path() / filename, md5)]
 
-    def check_files(self, split: str) -> None:
-        if not self.opts.download:
-            path = self.files(split)[0][0]
-            if not path.is_file():
-                url = self.torchvision_class().split_list[split][0]
-                raise EtnError(
-                    f"Expected SVHN ({split}) at {path}, found no such file. Download {url} "
-                    f"into {self.root_path()}, or set download = true under [data.options.svhn]."
-                )
+    def get_advice(self, split: str) -> str:
+        url = self.torchvision_class().split_list[split][0]
+        return (
+            f"Download {url} into {self.root_path()}, or set download = true under "
+            "[data.options.svhn]."
+        )
 
-    def construct(self, source_split: str) -> Dataset:
+    def source_rows(self, split: str) -> int:
+        if not self.fetched(split):
+            return self.sizes[split]
+        return svhn_rows(self.files(split)[0][0])  # the header only: planning stays quick
+
+    def read(self, source_split: str) -> tuple[np.ndarray, np.ndarray]:
+        return read_svhn(self.files(source_split)[0][0])
+
+    def download(self, source_split: str) -> None:
         cls = self.torchvision_class()
         try:
-            return cls(str(self.root_path()), split=source_split, download=self.opts.download)
+            cls(str(self.root_path()), split=source_split, download=True)
         except RuntimeError as err:
-            raise self.corrupted(err) from None
+            raise EtnError(
+                f"torchvision could not fetch SVHN into {self.root_path()} ({err}). Delete the "
+                "file and download it again."
+            ) from None
 
 
 @datasets.register("fake")

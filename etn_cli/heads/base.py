@@ -115,6 +115,7 @@ class Head:
     needs_classifier: ClassVar[bool] = False
     needs_layers: ClassVar[bool] = False  # consumes pooled intermediate layers (``layers``)
     needs_id_statistics: ClassVar[bool] = False  # fitted on the ``[data] fit`` split if given
+    needs_every_class: ClassVar[bool] = False  # rows of every class in its fit split
     seed_free: ClassVar[bool] = False  # nothing random: one seed stands for all
     reads_fit_rows: ClassVar[bool] = True  # False: fit reads only the sizes of its arrays
     reads_hidden: ClassVar[bool] = True  # False: fit and predict read only the logits

@@ -26,6 +26,7 @@ from etn_cli.metrics.scores import probability_scores
 @heads.register("mahalanobis")
 class Mahalanobis(Head):
     name = "mahalanobis"
+    needs_every_class = True  # checked on the files before any work
     label = "Mahalanobis"
     family = "posthoc"
     needs_id_statistics = True

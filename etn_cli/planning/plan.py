@@ -230,7 +230,8 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
     device = planned_device(pipeline.device)  # dtype = "auto" resolves for the run's device
     backbone = planned(cls(config, cache_dir=data_dir / "backbones", device=device))
     backbone_fp = backbone.fingerprint()
-    finetune = _finetune_unit(pipeline, data_dir, backbone) if pipeline.finetune else None
+    problems: list[str] = []  # every split's missing files, named at once
+    finetune = _finetune_unit(pipeline, data_dir, backbone, problems) if pipeline.finetune else None
     if finetune is not None:
         backbone_fp = {**backbone_fp, "finetune": finetune.key}
     root = data_dir / "features" / f"{pipeline.backbone}-{fingerprint_key(backbone_fp, 12)}"
@@ -244,7 +245,7 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
             "backbone": backbone_fp,
             "dataset": dataset,
             "split": split,
-            "source": source.split_fingerprint(split),
+            "source": _split_fingerprint(source, split, problems),
             "extract_version": EXTRACT_VERSION,
         } | ({"rows": rows, "row_seed": SUBSAMPLE_SEED} if rows else {})
         fp |= {"part": list(part)} if part else {}
@@ -267,6 +268,9 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         calibration = unit("calibration", data.id, data.adapt, name, part=("holdout", *part))
     elif conformal is not None and conformal.split != data.test:
         calibration = unit("calibration", data.id, conformal.split, f"{id_name}:{conformal.split}")
+    test = unit("test", data.id, data.test, id_name)
+    if problems:
+        raise input_problems(problems)
     return Plan(
         pipeline=pipeline,
         data_dir=data_dir,
@@ -274,7 +278,7 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         id_dataset=id_name,
         calibration=calibration,
         adapt=adapt,
-        test=unit("test", data.id, data.test, id_name),
+        test=test,
         ood=ood,
         classifier_path=root / "classifier.safetensors",
         fit=fit,
@@ -292,7 +296,31 @@ def planned(backbone: Any) -> Any:
     return backbone
 
 
-def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> FinetuneUnit:
+def _split_fingerprint(source: Any, split: str, problems: list[str]) -> dict[str, Any]:
+    """The split's fingerprint; a missing or unreadable file goes into ``problems`` instead,
+    so that planning names every one at once (:func:`input_problems`)."""
+    try:
+        return source.split_fingerprint(split)
+    except EtnError as err:
+        if str(err) not in problems:
+            problems.append(str(err))
+        return {"problem": str(err)}
+
+
+def input_problems(problems: list[str]) -> EtnError:
+    """One error naming every missing or unreadable input, one line each, each saying where
+    to get it (``etn status``, ``etn run`` and ``--dry-run`` all plan, so all of them list it)."""
+    if len(problems) == 1:
+        return EtnError(problems[0])
+    lines = "\n".join(f"  {problem}" for problem in problems)
+    return EtnError(
+        f"{len(problems)} problems with the input files, found while planning:\n{lines}"
+    )
+
+
+def _finetune_unit(
+    pipeline: Pipeline, data_dir: Path, backbone: Any, problems: list[str]
+) -> FinetuneUnit:
     """The ``[finetune]`` unit: its key covers the backbone as configured, the training split
     and the settings (checked and completed with defaults when the backbone declares a
     ``FinetuneConfig``), so a changed setting trains anew and an unchanged one never does."""
@@ -310,7 +338,7 @@ def _finetune_unit(pipeline: Pipeline, data_dir: Path, backbone: Any) -> Finetun
         "backbone": backbone.fingerprint(),
         "dataset": data.id,
         "split": spec.split,
-        "source": source.split_fingerprint(spec.split),
+        "source": _split_fingerprint(source, spec.split, problems),
         "settings": {k: v for k, v in settings.items() if k not in RUNTIME_SETTINGS},
         "finetune_version": FINETUNE_VERSION,
     }

@@ -37,16 +37,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from etn_cli import progress
-from etn_cli.datasets.base import check_inputs
 from etn_cli.datasets.class_check import check_id_classes
 from etn_cli.errors import EtnError
 from etn_cli.planning.plan import FeatureUnit, Plan, load_unit_split
 from etn_cli.provenance import provenance
 from etn_cli.stages.distributed import World, current_world, from_main, join, rank_device
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
+from etn_cli.stages.input_checks import check_splits
 from etn_cli.stages.prepare import prepare, require_prepared
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
@@ -140,49 +138,12 @@ def unit_split(plan: Plan, unit: FeatureUnit) -> Callable[[], Any]:
 
 
 def check_pending_inputs(
-    pending: list[FeatureUnit], splits: dict[Path, Callable], transform: Any = None
+    pending: list[FeatureUnit], splits: dict[Path, Callable], transform: Any = None, roles=None
 ) -> None:
-    """Read every split still to extract and check its inputs (every image file's header,
-    :func:`~etn_cli.datasets.base.check_inputs`), so that a bad file in the last split stops
-    the run before the first split is written."""
-    for unit in pending:
-        split = splits[unit.path]()
-        if len(split) == 0:
-            raise EtnError(
-                f"Expected rows for split {unit.path.name!r}, but the dataset split is empty; "
-                "nothing was written. Check that the dataset split is not empty."
-            )
-        check_sizes(unit, check_inputs(split), transform)
-        if unit.role == "test":
-            check_test_classes(unit, getattr(split.data, "labels", None))
-
-
-def check_sizes(unit: FeatureUnit, sizes: Any, transform: Any) -> None:
-    """Images the backbone's transform leaves of several sizes cannot share a batch; said
-    before anything is extracted (the images were decoded to be checked)."""
-    if not sizes or transform is None:
-        return
-    shapes = sorted({transform.output_size(*size) for size in sizes})
-    if len(shapes) > 1:
-        raise EtnError(
-            f"Images of split {unit.path.name!r} come to the sizes {shapes[:3]} (width, height) "
-            "after the backbone's resize and crop; the model needs one size. Set crop = N (and "
-            "resize) in the pipeline's [backbone] table."
-        )
-
-
-def check_test_classes(unit: FeatureUnit, labels: Any) -> None:
-    """A test split of one class makes every confidence metric meaningless (nothing wrong to
-    rank against right); said before anything is extracted, where the labels are known."""
-    if labels is None:
-        return
-    classes = np.unique(np.asarray(labels)[np.asarray(labels) >= 0])
-    if len(classes) == 1:
-        raise EtnError(
-            f"The ID test split {unit.split!r} of {unit.dataset} holds only class {classes[0]} "
-            f"in its {len(labels)} rows; expected at least two classes, or confidence metrics "
-            "cannot rank right against wrong. Use a test split with several classes."
-        )
+    """Read every split still to extract and check its inputs
+    (:mod:`~etn_cli.stages.input_checks`), so that a bad file in the last split stops the run
+    before the first split is written; every problem is listed at once."""
+    check_splits([(unit, splits[unit.path]) for unit in pending], transform, roles)
 
 
 def load_weights(backbone: Any) -> None:

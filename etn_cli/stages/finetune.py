@@ -19,6 +19,7 @@ from typing import Any
 from etn_cli.errors import DamagedArtefact, EtnError
 from etn_cli.planning.plan import FinetuneUnit, Plan, open_source
 from etn_cli.provenance import provenance
+from etn_cli.stages.input_checks import check_planned_inputs
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.units import Unit, build_unit
 from etn_cli.store.artefacts.records import record_damage
@@ -44,6 +45,8 @@ def finetune(plan: Plan, *, device: str = "cpu", force: bool = False) -> StageRe
     """Build the ``[finetune]`` unit of ``plan`` unless it is complete (or ``force``)."""
     result = StageResult("finetune")
     if plan.finetune is not None:
+        if force or not finetune_is_complete(plan.finetune.path):
+            check_planned_inputs(plan)  # every split's files before hours of training
         build_unit(FinetunedBackbone(plan, plan.finetune, device), result, force=force)
     return result
 

@@ -22,6 +22,7 @@ from etn_cli.stages.distributed import rank_device, torchrun_world
 from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
+from etn_cli.stages.input_checks import check_planned_inputs
 from etn_cli.stages.prepare import prepare
 from etn_cli.stages.report import report, written_lines
 from etn_cli.stages.result import StageResult, UnitFailure, failures_line
@@ -181,6 +182,8 @@ def run_stages(
     after a repair redoes only what is missing. Unless ``fail_fast``, a head that refuses its
     data fails alone: the other heads are trained and scored, its evaluation skipped."""
     prepare(plan)  # stage zero (the digits CNN), outside the [k/N]; the plan follows its keys
+    if plan.backbone is not None and not extract_only:  # rank 0 (or alone): every split's
+        check_planned_inputs(plan, every_class=True)  # files and the classes the heads need
     with progress.counting(unit_count(plan)):
         results: list[StageResult] = [finetune(plan, device=dev)] if plan.finetune else []
         results.append(extract(plan, device=dev))

@@ -32,9 +32,10 @@ from etn_cli.store.artefacts.sealed import SEAL, check_record_seal, seal_record
 from etn_cli.store.atomic import atomic_write_text
 from etn_cli.store.fingerprint import CHUNK_BYTES
 
-ALGORITHMS = {"sha256": hashlib.sha256, "xxh3-128": xxhash.xxh3_128}
+ALGORITHMS = {"sha256": hashlib.sha256, "xxh3-128": xxhash.xxh3_128, "md5": hashlib.md5}
 MEMO_FORMAT = 2
 CONTENT_MEMO = "content-hashes.json"  # under <data>/features/: the digests of your inputs
+MD5_MEMO = "content-md5.json"  # beside it: md5 of files whose publishers give md5 (CIFAR, SVHN)
 
 
 def file_stamp(stat: os.stat_result) -> list[int]:
@@ -134,6 +135,14 @@ def content_digest(path: Path) -> str:
     """XXH3-128 of an input file's bytes, through the data directory's memo."""
     memo = _ACTIVE[0] if _ACTIVE[0] is not None else memo_at(None)
     return memo.digest(path)
+
+
+def published_md5(path: Path) -> str:
+    """md5 of a dataset file whose publisher gives its md5 (CIFAR's batches, SVHN's .mat), so
+    that the official file keeps the key it had when torchvision checked it."""
+    active = _ACTIVE[0]
+    where = None if active is None or active.path is None else active.path.with_name(MD5_MEMO)
+    return memo_at(where, "md5").digest(path)
 
 
 def save_memos() -> None:

@@ -48,6 +48,7 @@ class SHE(Scorer):
     classifies correctly; ``she = h^T S_k`` with k the predicted class, higher = more ID."""
 
     name = "she"
+    needs_every_class = True  # checked on the files before any work
     label = "SHE"
     score_name = "she"
     needs_id_statistics = True

@@ -74,6 +74,7 @@ def smallest_jitter(covariances: torch.Tensor) -> tuple[float, torch.Tensor]:
 @heads.register("ddu")
 class DDU(Scorer):
     name = "ddu"
+    needs_every_class = True  # checked on the files before any work
     label = "DDU (GDA)"
     Config = DDUConfig
     score_name = "ddu"

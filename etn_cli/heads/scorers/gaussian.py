@@ -41,6 +41,7 @@ class MahalanobisPP(Whitened, Scorer):
     ``mahalanobis_pp = -min_c (z - mu_c)^T Sigma^-1 (z - mu_c)``, higher = more ID."""
 
     name = "mahalanobis_pp"
+    needs_every_class = True  # checked on the files before any work
     label = "Mahalanobis++"
     score_name = "mahalanobis_pp"
     version = 1  # issue 29: float64 covariance and distances
@@ -72,6 +73,7 @@ class RMDS(Whitened, Scorer):
     class means, divided by N."""
 
     name = "rmds"
+    needs_every_class = True  # checked on the files before any work
     label = "RMDS"
     score_name = "rmds"
     version = 1  # issue 29: float64 covariance and distances

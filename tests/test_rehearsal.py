@@ -1,0 +1,222 @@
+"""A rehearsal of every shipped paper pipeline on miniature copies of its real files.
+
+Each test copies ``pipelines/<name>.toml`` unchanged into ``tmp/pipelines/`` and builds, under
+``tmp/data/`` (the pipelines' ``../data/...`` roots), the datasets it reads in their published
+formats (:mod:`tests.rehearsal_data`, built without etn's readers). ``etn run`` must reach the
+table. Only sizes are overridden with ``--set``:
+
+* ``seeds=[0]`` (one seed of three);
+* ``finetune.epochs`` (1, or 40 for openood_cifar10, whose SHE needs every class classified
+  right somewhere in the training list) and ``finetune.batch_size``;
+* ``heads.<name>.epochs=1`` and ``heads.<name>.batch_size`` for the heads that train;
+* ``data.batch_size``, ``data.workers=0`` and, for openood_imagenet, ``data.fit_rows``.
+
+Besides sizes, ``imagenet_resnet50`` and ``openood_imagenet`` get
+``backbone.checkpoint=<random ResNet-50 state dict>``: torchvision's hub file names carry the
+first hex digits of their sha256 (``resnet50-11ad3fa6.pth``), which etn checks, so random
+weights cannot stand in under that name; a checkpoint beside ``weights`` keeps the weights'
+architecture and transforms, as a local copy of the real file would. The LLM pipelines read
+the hub id from a Hugging Face cache holding a tiny random model under that id.
+
+CIFAR and SVHN are read by etn from their published formats (not through torchvision, whose
+md5 check refuses anything but the full release); that reader equals torchvision's on
+real-format bytes in ``tests/test_vision.py``.
+
+Fast by default: the failures before any work of ``openood_cifar10`` without its resize and
+crop and of ``cifar10_vgg16`` on an adaptation split missing classes (seconds each). Every
+run to a table is ``slow`` (``pytest -m slow tests/test_rehearsal.py``): each trains a
+backbone or LoRA adapter and about thirty heads on the CPU, minutes apiece.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests import rehearsal_data as rd
+from tests.cli_runner import etn
+from tests.llm_fixtures import make_gemma2, make_llama
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINED = ("etn", "static", "adats", "map_edl", "ib_edl", "dmm", "ensemble")
+IMAGENET_WNIDS = ["n01440764", "n01443537", "n01484850", "n01491361", "n01494475"]
+
+
+def shipped(tmp_path: Path, name: str) -> Path:
+    """The shipped pipeline file, unchanged, in ``tmp/pipelines/``."""
+    folder = tmp_path / "pipelines"
+    folder.mkdir(exist_ok=True)
+    return Path(shutil.copy(REPO / "pipelines" / f"{name}.toml", folder))
+
+
+def sets(*pairs: str, heads: tuple[str, ...] = (), batch: int = 8) -> list[str]:
+    """``--set`` arguments: ``pairs`` and one epoch of ``batch`` rows for each trained head."""
+    values = ["seeds=[0]", *pairs]
+    for head in heads:
+        values += [f"heads.{head}.epochs=1", f"heads.{head}.batch_size={batch}"]
+    return [arg for value in values for arg in ("--set", value)]
+
+
+def run(tmp_path: Path, name: str, *args: str) -> tuple[int, str]:
+    data = tmp_path / "etn-data"
+    return etn("run", shipped(tmp_path, name), "--data-dir", data, "--device", "cpu", *args)
+
+
+def assert_table(code: int, out: str, name: str) -> None:
+    assert code == 0, out
+    assert f"{name}.toml" in out and "ok " in out, out
+    assert "AUPR" in out or "aupr" in out.lower(), out
+
+
+# -- OpenOOD CIFAR-10 ---------------------------------------------------------------------------
+
+OPENOOD_CIFAR10 = {
+    "train": ("train_cifar10.txt", "images_classic", 10),
+    "val": ("val_cifar10.txt", "images_classic", 10),
+    "test": ("test_cifar10.txt", "images_classic", 10),
+    **{
+        name: (f"test_{name}.txt", "images_classic", None)
+        for name in ("cifar100", "tin", "mnist", "svhn", "texture", "places365")
+    },
+}
+MIXED = [(333, 500), (400, 400), (500, 333)]  # Textures' and Places365's sizes
+
+
+def openood_cifar10(root: Path, rows: int = 20) -> None:
+    sizes = {split: [(32, 32)] for split in OPENOOD_CIFAR10}
+    sizes |= {"mnist": [(28, 28)], "tin": [(64, 64)], "texture": MIXED, "places365": [(256, 256)]}
+    counts = {split: rows for split in OPENOOD_CIFAR10} | {"train": 4 * rows}
+    rd.write_openood(root, "cifar10", OPENOOD_CIFAR10, sizes, counts)
+
+
+def test_openood_cifar10_without_resize_fails_before_stage_zero_listing_every_list(tmp_path):
+    openood_cifar10(tmp_path / "data" / "openood", rows=6)
+    code, out = run(tmp_path, "openood_cifar10", *sets("backbone.resize=0", "backbone.crop=0"))
+    assert code == 2, out
+    assert "2 problems in the input files, found before any work" in out, out
+    assert "Images of split image_list:texture come to the sizes [(333, 500)" in out, out
+    assert "28x28: image_list:mnist; 32x32: image_list:train" in out, out
+    assert "64x64: image_list:tin; 256x256: image_list:places365" in out, out
+    assert not list((tmp_path / "etn-data").glob("backbones/*finetune*")), "stage zero ran"
+
+
+@pytest.mark.slow
+def test_openood_cifar10_runs_to_its_table(tmp_path: Path) -> None:
+    openood_cifar10(tmp_path / "data" / "openood", rows=20)
+    args = sets("finetune.epochs=40", "finetune.batch_size=16", "finetune.workers=0",
+                "data.workers=0", "data.batch_size=64")  # fmt: skip
+    args += sets(heads=("etn", "static", "map_edl", "ib_edl", "ensemble"))[2:]
+    assert_table(*run(tmp_path, "openood_cifar10", *args), "openood_cifar10")
+
+
+# -- CIFAR-10 with VGG16 ------------------------------------------------------------------------
+
+
+def cifar_files(vision: Path, per_batch: int) -> None:
+    rd.write_cifar10(vision, per_batch=per_batch, test_rows=40)
+    rd.write_cifar100(vision, train_rows=20, test_rows=30)
+    rd.write_svhn(vision, "test", rows=30)
+
+
+def test_cifar10_vgg16_on_an_adapt_split_missing_classes_fails_before_stage_zero(tmp_path):
+    """200 training rows leave 10 for adapt (5%), without classes 6 and 7: Mahalanobis would
+    refuse them after the fine-tune and a dozen heads; the files say so before any work."""
+    cifar_files(tmp_path / "data" / "vision", per_batch=40)
+    code, out = run(tmp_path, "cifar10_vgg16", *sets("finetune.epochs=1"))
+    assert code == 2, out
+    assert "Split cifar10:adapt has no rows of 2 of its 10 classes (6, 7)" in out, out
+    assert "Mahalanobis need rows of every class" in out, out
+    assert not list((tmp_path / "etn-data").glob("backbones/*finetune*")), "stage zero ran"
+
+
+@pytest.mark.slow
+def test_cifar10_vgg16_runs_to_its_table_on_cifar_pickles_and_svhn_mat(tmp_path: Path) -> None:
+    vision = tmp_path / "data" / "vision"
+    cifar_files(vision, per_batch=200)  # 1,000 rows: 50 adapt rows hold every class
+    args = sets("finetune.epochs=1", "finetune.batch_size=32", "finetune.workers=0",
+                "data.workers=0", "data.batch_size=64", heads=TRAINED)  # fmt: skip
+    assert_table(*run(tmp_path, "cifar10_vgg16", *args), "cifar10_vgg16")
+
+
+# -- ImageNet -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_imagenet_resnet50_runs_to_its_table_on_wordnet_folders(tmp_path: Path) -> None:
+    rd.write_imagenet(tmp_path / "data" / "vision", IMAGENET_WNIDS, per_class=4)
+    images = sorted((tmp_path / "data" / "vision" / "imagenet" / "val").glob("*/*.JPEG"))
+    labels = tuple(IMAGENET_WNIDS.index(f.parent.name) for f in images)  # ids 0..4 of 1,000
+    path = tmp_path / "weights" / "resnet50.pth"
+    checkpoint = rd.torchvision_checkpoint(path, "resnet50", tuple(images), labels)
+    args = sets(f"backbone.checkpoint={checkpoint}", "data.workers=0", "data.batch_size=16",
+                heads=TRAINED)  # fmt: skip
+    assert_table(*run(tmp_path, "imagenet_resnet50", *args), "imagenet_resnet50")
+
+
+OPENOOD_IMAGENET = {  # five of the 1,000 classes
+    "train": ("train_imagenet.txt", "images_largescale", 5),
+    "val": ("val_imagenet.txt", "images_largescale", 5),
+    "test": ("test_imagenet.txt", "images_largescale", 5),
+    **{
+        name: (f"test_{name}.txt", "images_largescale", None)
+        for name in ("ssb_hard", "ninco", "inaturalist", "openimage_o", "imagenet_r", "imagenet_v2")
+    },
+    "textures": ("test_textures.txt", "images_classic", None),
+}
+
+
+@pytest.mark.slow
+def test_openood_imagenet_runs_to_its_table(tmp_path: Path) -> None:
+    sizes = {split: MIXED for split in OPENOOD_IMAGENET}
+    counts = {split: 8 for split in OPENOOD_IMAGENET} | {"train": 24}
+    root = tmp_path / "data" / "openood"
+    rd.write_openood(root, "imagenet", OPENOOD_IMAGENET, sizes, counts)
+    listing = "benchmark_imglist/imagenet/train_imagenet.txt"
+    images, labels = rd.labelled_images(root, listing, "images_largescale")
+    path = tmp_path / "weights" / "resnet50.pth"
+    checkpoint = rd.torchvision_checkpoint(path, "resnet50", images, labels)
+    args = sets(f"backbone.checkpoint={checkpoint}", "data.workers=0", "data.batch_size=16",
+                "data.fit_rows=16", heads=("etn", "static", "map_edl", "ib_edl"))  # fmt: skip
+    assert_table(*run(tmp_path, "openood_imagenet", *args), "openood_imagenet")
+
+
+# -- RACE and OpenBookQA with a tiny Llama and Gemma-2 ------------------------------------------
+
+LLM_SETS = ("finetune.epochs=1", "finetune.batch_size=8", "data.batch_size=8")
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hugging Face cache holding tiny random models under the pipelines' hub ids, read
+    offline (what HF_HUB_CACHE=<tmp> HF_HUB_OFFLINE=1 set before the process amount to)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    rd.hub_cache_model(cache, "meta-llama/Llama-3.1-8B", make_llama(tmp_path / "llama"))
+    rd.hub_cache_model(cache, "google/gemma-2-9b", make_gemma2(tmp_path / "gemma"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    return cache
+
+
+def mcqa_files(root: Path) -> None:
+    """RACE and MMLU as `hf download --local-dir` leaves them, OpenBookQA's original jsonl."""
+    rd.write_race(root / "race", {"train": 24, "validation": 16, "test": 16})
+    rd.write_mmlu(root / "mmlu", rows=3)
+    rd.write_obqa_original(root / "obqa", {"train": 24, "dev": 16, "test": 16})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    ["race_llama3", "obqa_llama3", "race_gemma2", "obqa_gemma2", "race_llama3_ablation_prior"],
+)
+def test_the_llm_pipelines_run_to_their_tables(tmp_path: Path, hub_cache: Path, name: str) -> None:
+    mcqa_files(tmp_path / "data" / "mcqa")
+    heads = ("etn",) if name.endswith("prior") else TRAINED
+    args = sets(*LLM_SETS, heads=heads)
+    assert_table(*run(tmp_path, name, *args), name)
