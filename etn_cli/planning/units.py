@@ -46,6 +46,13 @@ class FinetuneUnit:
     settings: dict[str, Any]
     fingerprint: dict[str, Any]
 
+    RECORD = "finetune.json"  # written last inside the private folder: the unit is complete
+
+    def complete(self) -> bool:
+        """True when the folder holds its record (whether its files are intact is
+        :func:`etn_cli.stages.finetune.finetune_damage`'s question)."""
+        return (Path(self.path) / self.RECORD).is_file()
+
 
 @dataclass
 class HeadUnit:

@@ -25,7 +25,7 @@ from etn_cli.stages.units import Unit, build_unit
 from etn_cli.store.artefacts.records import record_damage
 from etn_cli.store.fingerprint import canonical_json
 
-RECORD = "finetune.json"
+RECORD = FinetuneUnit.RECORD
 KIND = "etn-finetune"
 
 

@@ -180,11 +180,10 @@ def check_planned_inputs(plan: Any, every_class: bool = False) -> None:
     from types import SimpleNamespace
 
     from etn_cli.planning.plan import load_unit_split, open_source
-    from etn_cli.stages.finetune import finetune_is_complete
     from etn_cli.store.writing.manifest import split_is_complete
 
     named: list[tuple[Any, Callable[[], Any]]] = []
-    if (tune := plan.finetune) is not None and not finetune_is_complete(tune.path):
+    if (tune := plan.finetune) is not None and not tune.complete():
         unit = SimpleNamespace(path=tune.path, dataset=tune.dataset, split=tune.split, role="tune")
         source = open_source(plan.pipeline, tune.dataset)
         named.append((unit, functools.partial(source.load_split, tune.split)))
