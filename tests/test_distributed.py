@@ -188,6 +188,7 @@ def test_bad_data_on_one_rank_fails_every_rank_and_a_rank_without_batches_takes_
     assert not verify(data).damaged
 
 
+@pytest.mark.slow  # a torchrun of two processes killed and rerun: about 30 s
 def test_a_killed_torchrun_resumes_and_its_run_equals_a_single_process_run(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -85,6 +85,7 @@ def one_seed_failed(root: Path, data: Path) -> dict[str, object]:
     }
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_fail_fast_stops_at_the_first_head_that_refuses_as_before(runs) -> None:
     done = runs["fail-fast"]
     assert done.returncode == 2, done.stderr[-2000:]
@@ -96,6 +97,7 @@ def test_fail_fast_stops_at_the_first_head_that_refuses_as_before(runs) -> None:
     assert runs["fail-fast files"] == [] and done.stdout == ""
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_a_head_that_refuses_its_data_fails_alone_and_the_run_exits_1(runs) -> None:
     done = runs["run"]
     assert done.returncode == 1, done.stderr[-2000:]
@@ -122,6 +124,7 @@ def test_a_head_that_refuses_its_data_fails_alone_and_the_run_exits_1(runs) -> N
     assert runs["records"] == ["mahalanobis"]  # heads/mahalanobis-<key>.failed.json
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_etn_evaluate_on_its_own_scores_the_trained_heads_and_skips_the_failed_one(runs) -> None:
     done = runs["evaluate"]
     assert done.returncode == 1, done.stderr[-2000:]
@@ -131,6 +134,7 @@ def test_etn_evaluate_on_its_own_scores_the_trained_heads_and_skips_the_failed_o
     assert lines[-1].startswith("1 unit failed (train Mahalanobis seed 0), the rest ran")
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_etn_report_on_its_own_shows_the_failed_row_and_why_and_exits_1(runs) -> None:
     done = runs["report"]
     assert done.returncode == 1, done.stderr[-2000:]
@@ -140,6 +144,7 @@ def test_etn_report_on_its_own_shows_the_failed_row_and_why_and_exits_1(runs) ->
     assert closing.endswith("retries only the failed unit."), closing
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_etn_status_shows_the_failed_head_with_its_reason(runs) -> None:
     done = runs["status"]
     assert done.returncode == 0, done.stderr
@@ -154,6 +159,7 @@ def test_etn_status_shows_the_failed_head_with_its_reason(runs) -> None:
     assert "  would retry head       Mahalanobis seed 0\n" in runs["dry run"].stdout
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_a_method_missing_a_seed_says_how_many_seeds_its_numbers_come_from(runs) -> None:
     done = runs["two report"]
     assert done.returncode == 1, done.stderr[-2000:]
@@ -170,6 +176,7 @@ def test_a_method_missing_a_seed_says_how_many_seeds_its_numbers_come_from(runs)
     assert ["head", "ETN", "seed", "1", "failed"] in rows, runs["two status"].stdout
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_a_metrics_file_missing_without_a_recorded_failure_still_refuses_the_report(runs) -> None:
     done = runs["report without a file"]
     assert done.returncode == 2, done.stderr[-2000:]
@@ -177,6 +184,7 @@ def test_a_metrics_file_missing_without_a_recorded_failure_still_refuses_the_rep
     assert "1 of 3 metrics files of pipeline 'tiny' are missing" in error, error
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_a_rerun_retries_only_the_failed_head(runs) -> None:
     done = runs["rerun"]
     assert done.returncode == 1, done.stderr[-2000:]
@@ -188,6 +196,7 @@ def test_a_rerun_retries_only_the_failed_head(runs) -> None:
     assert "1 unit failed (train Mahalanobis seed 0)" in lines[-1]
 
 
+@pytest.mark.slow  # the module's 14 runs of the entry point: about 90 s
 def test_etn_train_says_what_failed_and_exits_1_or_stops_with_fail_fast(runs) -> None:
     done = runs["train"]
     assert done.returncode == 1 and done.stdout == "train: 0 built, 2 up to date, 1 failed\n"

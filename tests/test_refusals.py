@@ -236,7 +236,11 @@ name = "map"
 """
 
 
-@pytest.mark.parametrize("spare", ["ABCDEFGHIJ", "ABCD"], ids=["stand-in", "four-letter-tokenizer"])
+@pytest.mark.parametrize(
+    "spare",
+    ["ABCDEFGHIJ", pytest.param("ABCD", marks=pytest.mark.slow)],  # the second: about 20 s
+    ids=["stand-in", "four-letter-tokenizer"],
+)
 def test_the_two_letter_errors_say_the_one_thing_that_works(tmp_path: Path, spare: str) -> None:
     """5-choice questions: the stand-in LM has single tokens for A to J, so both errors (too
     few letters; a letter that is no single token) say to set A to E; a tokenizer with only

@@ -224,6 +224,7 @@ def test_ctrl_c_says_interrupted_and_that_a_rerun_resumes_then_a_rerun_does(
     assert_same_metrics(data, reference_data)
 
 
+@pytest.mark.slow  # kills at random moments: about 15 s
 def test_runs_killed_at_random_moments_then_rerun_equal_an_uninterrupted_run(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -300,6 +301,7 @@ def test_a_kill_inside_a_metrics_write_never_leaves_a_truncated_parquet(
 
 
 # ------------------------------------------------------------------------ overlapping runs
+@pytest.mark.slow  # two whole runs at once: about 20 s
 def test_two_overlapping_runs_build_each_unit_once_and_equal_one_run(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
