@@ -117,6 +117,7 @@ def test_workers_auto_uses_the_cores_there_and_caps_a_larger_number() -> None:
     assert DataSpec(id="x").workers == 0
 
 
+@pytest.mark.slow  # ResNet-50 over FakeData on the CPU: about 15 s
 def test_the_imagenet_pipeline_extracts_fakedata_on_a_cpu(tmp_path: Path) -> None:
     """The shipped file as it is (dtype and workers "auto", layers, ODIN), with random weights
     and a few FakeData images standing in for the hub file and ImageNet."""

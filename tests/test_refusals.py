@@ -62,6 +62,7 @@ calibrate = "temperature"
 """
 
 
+@pytest.mark.slow  # a whole digits run and predict: about 15 s
 def test_the_default_head_is_the_etn_whose_label_it_is_not_also_etn_plus_ts(tmp_path: Path) -> None:
     import etn_cli
 
