@@ -258,3 +258,36 @@ def test_every_did_you_mean_goes_through_one_helper() -> None:
         )
     )
     assert users == ["errors.py"], users
+
+
+# The unit driver: the one module outside the store that takes a unit's lock or discards one.
+DRIVER = "stages/units.py"
+DRIVER_ONLY = {"unit_lock", "discard"}
+
+
+def names_taken(path: Path, names: set[str]) -> set[str]:
+    """Which of ``names`` the module at ``path`` imports or reads as an attribute."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            found |= {a.name for a in node.names} & names
+        elif isinstance(node, ast.Attribute) and node.attr in names:
+            found.add(node.attr)
+    return found
+
+
+def test_only_the_unit_driver_locks_and_discards_units() -> None:
+    """Every writer (the stages, a run's repair, ``etn verify --repair``, ``etn import``) goes
+    through the driver for a unit's lock and for discarding a damaged unit."""
+    users = {
+        str(path.relative_to(PACKAGE)): taken
+        for path in PACKAGE.rglob("*.py")
+        if not within(".".join(path.relative_to(PACKAGE).parts), "store")
+        and (taken := names_taken(path, DRIVER_ONLY))
+    }
+    assert users == {DRIVER: DRIVER_ONLY}, users
+
+
+def test_the_driver_check_sees_imports_and_attributes(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("from x import unit_lock\nimport s\ns.discard(p)\n")
+    assert names_taken(tmp_path / "a.py", DRIVER_ONLY) == DRIVER_ONLY

@@ -361,7 +361,7 @@ def test_etn_import_into_an_existing_file_is_one_line(tmp_path, capsys) -> None:
 def test_a_killed_etn_import_resumes_on_the_next_run(tmp_path, capsys) -> None:
     """A kill after the first split: that folder is whole, the second one's private folder is
     left half written. The rerun keeps the first, removes the leftover and imports the rest."""
-    from etn_cli.own_features import importer
+    from etn_cli.stages import import_files as importer
 
     feature_files(tmp_path)
     files = [tmp_path / "mine" / f"{name}.npz" for name in ("adapt", "test", "ood")]

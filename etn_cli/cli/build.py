@@ -266,7 +266,7 @@ def import_command(
     missing = [str(p) for p in [*files, *([classifier] if classifier else [])] if not p.is_file()]
     if missing:
         raise EtnError(f"No such file: {', '.join(missing)}. Pass feature files to import.")
-    from etn_cli.own_features.importer import import_files
+    from etn_cli.stages.import_files import import_files
 
     for line in import_files(files, out, classifier):
         typer.echo(line)

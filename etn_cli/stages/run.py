@@ -15,7 +15,7 @@ from pathlib import Path
 
 from etn_cli import progress
 from etn_cli.datasets.class_check import check_planned_classes
-from etn_cli.errors import DamagedArtefact, EtnError
+from etn_cli.errors import EtnError
 from etn_cli.planning.pipeline import expand_paths, load_pipeline
 from etn_cli.planning.plan import FeatureUnit, Plan, make_plan
 from etn_cli.stages.distributed import rank_device, torchrun_world
@@ -27,8 +27,7 @@ from etn_cli.stages.prepare import prepare
 from etn_cli.stages.report import report, written_lines
 from etn_cli.stages.result import StageResult, UnitFailure, failures_line
 from etn_cli.stages.train import train
-from etn_cli.store.artefacts.sealed import discard, repair_line
-from etn_cli.store.atomic import unit_lock
+from etn_cli.stages.units import repairing
 from etn_cli.store.storage import explained_storage_errors
 
 
@@ -147,25 +146,19 @@ def run_pipeline(
         plan = make_plan(pipeline, data_dir)
         dev = resolve_device(device or pipeline.device)
         dev = dev if world is None else rank_device(dev, world)
-        repaired: set[Path] = set()
-        while True:
-            try:
-                results = run_stages(
-                    plan, dev, world is not None and not world.main, options.fail_fast
-                )
-                if world is not None and not world.main:  # rank 0 alone goes on after extract
-                    message = f"{results[-1].summary()} ({world}: extraction only)"
-                    return RunOutcome(path, True, time.perf_counter() - started, message)
-                failures = tuple(f for r in results for f in r.failed)
-                table, written, _ = report(plan, fmt=options.fmt, metric=options.metric)
-                break
-            except DamagedArtefact as damage:
-                if damage.path in repaired or not is_derived(plan, damage.path):
-                    raise  # the user's own input, or damage that a rebuild did not cure
-                repaired.add(damage.path)
-                progress.say(repair_line(damage, f"Rebuilding {damage.path.name}."))
-                with unit_lock(damage.path):
-                    discard(damage.path)
+
+        def attempt() -> tuple[list[StageResult], tuple | None]:
+            results = run_stages(plan, dev, world is not None and not world.main, options.fail_fast)
+            if world is not None and not world.main:  # rank 0 alone goes on after extract
+                return results, None
+            return results, report(plan, fmt=options.fmt, metric=options.metric)
+
+        results, reported = repairing(attempt, lambda path: is_derived(plan, path))
+        if reported is None:
+            message = f"{results[-1].summary()} ({world}: extraction only)"
+            return RunOutcome(path, True, time.perf_counter() - started, message)
+        failures = tuple(f for r in results for f in r.failed)
+        table, written, _ = reported
     message, stages = run_summary(results), tuple(r.summary() for r in results)
     seconds = time.perf_counter() - started
     lines = tuple(written_lines(written))

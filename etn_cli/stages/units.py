@@ -21,19 +21,23 @@ whether it is intact (:meth:`Unit.damage`) and how to build itself into a tempor
 
 A stage says what to build; :func:`build_units` (or :func:`build_unit`) builds it safely.
 Extraction, whose split is written by processes that share it, takes steps 1-4 from
-:func:`claim` and writes the split itself.
+:func:`claim` and writes the split itself; ``etn import`` writes each split under
+:func:`holding`. Damage found outside a build (a stage reading a damaged input, ``etn verify
+--repair``) is discarded by :func:`discard_damaged`, and a run is retried after it by
+:func:`repairing`: the locks and the discards of every writer are here (an architecture test
+keeps them here).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from etn_cli import progress
+from etn_cli.errors import DamagedArtefact
 from etn_cli.stages.failure_records import forget_failure, remember_failure
 from etn_cli.stages.result import StageResult
 from etn_cli.store.artefacts.records import write_record
@@ -174,6 +178,37 @@ def building(unit: Unit, result: StageResult, reason: str, quiet: bool = False) 
     return progress.unit(unit.stage or result.stage, unit.name, reason)
 
 
-def plain_json(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` as it will read back from JSON (tuples as lists, keys as strings)."""
-    return json.loads(json.dumps(record))
+@contextmanager
+def holding(path: Path) -> Iterator[None]:
+    """Steps 2-3 for a writer that publishes ``path`` itself (``etn import``): its lock held,
+    a killed run's leftovers cleared."""
+    with unit_lock(path):
+        remove_partials(path)
+        yield
+
+
+def discard_damaged(path: Path, line: str | None = None) -> None:
+    """Step 4 for damage found outside a build: ``line`` said (a repair line), then ``path``
+    (a folder, or a file with its checksum) discarded holding its lock."""
+    if line is not None:
+        progress.say(line)
+    with unit_lock(path):
+        discard(path)
+
+
+T = TypeVar("T")
+
+
+def repairing(attempt: Callable[[], T], derived: Callable[[Path], bool]) -> T:
+    """``attempt()``, retried after discarding each artefact it found damaged that etn derives
+    (``derived``), so that the retry rebuilds it. Damage to the user's own input, or damage a
+    rebuild did not cure, is raised."""
+    repaired: set[Path] = set()
+    while True:
+        try:
+            return attempt()
+        except DamagedArtefact as damage:
+            if damage.path in repaired or not derived(damage.path):
+                raise
+            repaired.add(damage.path)
+            discard_damaged(damage.path, repair_line(damage, f"Rebuilding {damage.path.name}."))

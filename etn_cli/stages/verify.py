@@ -21,6 +21,7 @@ from pathlib import Path
 
 from etn_cli.errors import EtnError
 from etn_cli.report.plot_record import PLOT_RECORD, check_report_folder
+from etn_cli.stages.units import discard_damaged
 from etn_cli.store.artefacts.headfiles import read_json_object
 from etn_cli.store.artefacts.sealed import without_advice
 from etn_cli.store.fingerprint import fingerprint_key
@@ -95,7 +96,7 @@ def verify(data_dir: Path, *, clean_partials: bool = False, repair: bool = False
         except EtnError as err:
             result.damaged.append(Damage(path, str(err), fix))
             if repair:
-                remove_damaged(path)
+                discard_damaged(path)
                 result.removed.append(path)
     check_own_folders(data_dir, result)
     result.leftovers = find_leftovers(data_dir)
@@ -152,15 +153,6 @@ def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], 
             fix = f"Delete {folder}; the next etn run rebuilds it."
             found.append(("backbone caches", folder, _check_files, fix))
     return found
-
-
-def remove_damaged(path: Path) -> None:
-    """Remove one damaged unit (a folder, or a file with its checksum) holding its lock."""
-    from etn_cli.store.artefacts.sealed import discard
-    from etn_cli.store.atomic import unit_lock
-
-    with unit_lock(path):
-        discard(path)
 
 
 def _units(folder: Path) -> list[Path]:
