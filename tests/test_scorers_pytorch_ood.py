@@ -41,7 +41,7 @@ def ours(name: str, data, **settings) -> np.ndarray:
     head = heads.get(name)(**settings).fit(
         data.h_fit, data.z_fit, data.y_fit, classifier=data.classifier
     )
-    return id_score(head.score_name, head.score(data.h_test, data.z_test))
+    return id_score(head.own_score, head.score(data.h_test, data.z_test))
 
 
 def assert_same_ranking(ours_id: np.ndarray, outlier: torch.Tensor, is_id: np.ndarray) -> None:
