@@ -328,5 +328,14 @@ METHODS: dict[str, Method] = {
             reads=("hidden",),
             score="gradnorm",
         ),
+        Method(
+            "nci",
+            "scorers.nci",
+            "NCI",
+            POSTHOC,
+            "NCIConfig",
+            needs=("classifier", "id_statistics"),
+            score="nci",
+        ),
     )
 }

@@ -48,7 +48,7 @@ def assert_close(actual, expected, rtol=1e-5, atol=1e-6):
 
 
 def test_every_scorer_is_a_posthoc_head_with_a_documented_direction():
-    assert len(SCORERS) >= 22
+    assert len(SCORERS) >= 23
     for name in SCORERS:
         cls = heads.get(name)
         assert cls.family == "posthoc" and cls.seed_free
@@ -343,6 +343,21 @@ def test_fdbd_and_she_against_loops(data):
         expected_she.append(row @ patterns[k])
     assert_close(own("fdbd", data), expected_fdbd, rtol=1e-4)
     assert_close(own("she", data), expected_she, rtol=1e-4)
+
+
+def test_nci_against_a_loop(data):
+    """NCI's proximity to the predicted class's weight vector plus the weighted L1 norm, row by
+    row in float64 (the paper's formula, without dividing by the weight vector's norm)."""
+    mean = data.h_fit.astype(np.float64).mean(0)
+    for alpha in (0.0, 0.1):
+        expected = []
+        for row, logit in zip(data.h_test.astype(np.float64), data.z_test, strict=True):
+            centred = row - mean
+            along = data.weight[logit.argmax()] @ centred / np.linalg.norm(centred)
+            expected.append(along + alpha * np.abs(row).sum())
+        assert_close(own("nci", data, norm_weight=alpha), expected, rtol=1e-4)
+    with pytest.raises(EtnError, match="key 'norm_weight' must be a number >= 0"):
+        heads.get("nci")(norm_weight=-1.0)
 
 
 def test_gradnorm_equals_the_autograd_gradient_norm(data):

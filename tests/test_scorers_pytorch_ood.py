@@ -102,6 +102,12 @@ def test_feature_detectors(data, tensors):
         ("she", {}, detector.SHE(None, tensors["head"]).fit_features(fit, y)),
         ("nnguide", {"k": 10}, detector.NNGuide(None, tensors["head"], k=10).fit_features(fit, y)),
         ("fdbd", {}, detector.fDBD(None, tensors["head"]).fit_features(fit, y)),
+        ("nci", {}, detector.NCI(None, tensors["head"]).fit_features(fit)),
+        (
+            "nci",
+            {"norm_weight": 0.05},
+            detector.NCI(None, tensors["head"], alpha=0.05).fit_features(fit),
+        ),
     ]
     with torch.no_grad():
         for name, settings, fitted in cases:
