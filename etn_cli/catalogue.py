@@ -55,6 +55,10 @@ class Method:
             raise ValueError(f"method {self.name!r}: unknown family or needs/reads {odd}")
 
 
+# version 1 (issue 29): float64 covariances and distances (mahalanobis, rmds, mahalanobis_pp),
+# float64 moment and QR origin (vim, residual), a jitter clear of rounding noise (ddu), exact
+# on rows whose p_max rounds to 1 (entropy, gen), the fallback where the NLL has no finite
+# optimum (temperature)
 METHODS: dict[str, Method] = {
     method.name: method
     for method in (

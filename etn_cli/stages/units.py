@@ -26,7 +26,6 @@ Extraction, whose split is written by processes that share it, takes steps 1-4 f
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -172,8 +171,3 @@ def building(unit: Unit, result: StageResult, reason: str, quiet: bool = False) 
     if quiet:
         return ExitStack()
     return progress.unit(unit.stage or result.stage, unit.name, reason)
-
-
-def plain_json(record: dict[str, Any]) -> dict[str, Any]:
-    """``record`` as it will read back from JSON (tuples as lists, keys as strings)."""
-    return json.loads(json.dumps(record))
