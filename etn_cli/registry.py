@@ -30,9 +30,14 @@ class Registry(Generic[T]):
     """
 
     def __init__(
-        self, kind: str, modules: Mapping[str, str], aliases: Mapping[str, str] | None = None
+        self,
+        kind: str,
+        modules: Mapping[str, str],
+        aliases: Mapping[str, str] | None = None,
+        on_register: Callable[[str, T], None] | None = None,
     ) -> None:
         self.kind = kind
+        self.on_register = on_register  # run on each object as it registers (heads: its record)
         self.modules = dict(modules)  # registered name -> the module whose decorator registers it
         self._items: dict[str, T] = {}
         self._aliases: dict[str, str] = {}  # another name people search for -> registered name
@@ -49,6 +54,8 @@ class Registry(Generic[T]):
                 )
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
+            if self.on_register is not None:
+                self.on_register(name, obj)
             self._items[name] = obj
             return obj
 

@@ -36,15 +36,32 @@ def test_every_module_registers_exactly_the_names_its_table_gives(registry: str)
         assert found.__module__ == table.modules[name], name
 
 
-def test_each_heads_settings_in_the_table_are_its_config() -> None:
-    from etn_cli.heads import LABELS, SEED_FREE, heads, settings_of
+def test_each_records_module_registers_that_name_with_that_settings_class() -> None:
+    """Each record of :mod:`etn_cli.catalogue` names the module that registers the method and
+    the settings a pipeline's ``[[heads]]`` entry is checked against before torch loads; the
+    registered class takes its facts from the record."""
+    from etn_cli.catalogue import METHODS
+    from etn_cli.heads import heads, settings_of
 
-    for name in heads.names():
+    for name, record in METHODS.items():
         head = heads.get(name)
-        assert head.name == name
+        assert head.__module__ == f"etn_cli.heads.{record.module}", name
         assert head.Config is settings_of(name), name
-        assert head.label == LABELS[name], name  # what --head is checked against before torch
-        assert head.seed_free == (name in SEED_FREE), name  # and --seed
+        assert (head.name, head.label, head.own_score) == (name, record.label, record.score)
+        assert head(seed=0).config == settings_of(name)(seed=0), name
+
+
+def test_a_head_that_writes_a_fact_its_record_holds_is_refused() -> None:
+    """The record is the one place: a class (or a base below ``Head``) that sets its own
+    label cannot register."""
+    from etn_cli.heads import heads
+    from etn_cli.heads.base import Head
+
+    base = type("Base", (Head,), {"label": "Mine", "__module__": "etn_cli.heads.map"})
+    head = type("MAP2", (base,), {"__module__": "etn_cli.heads.map"})
+    registry = Registry("head", {"map": "etn_cli.heads.map"}, on_register=heads.on_register)
+    with pytest.raises(ValueError, match="Base writes label: head 'map'"):
+        registry.register("map")(head)
 
 
 def test_each_backbones_settings_in_the_table_are_its_config() -> None:
@@ -92,10 +109,12 @@ def test_the_datasets_checked_for_a_root_are_those_that_read_one() -> None:
 
 
 def test_every_alias_finds_a_head_that_is_registered() -> None:
-    from etn_cli.heads import ALIASES, heads
+    from etn_cli.catalogue import METHODS
+    from etn_cli.heads import heads
 
-    for alias, name in ALIASES.items():
-        assert heads.get(alias) is heads.get(name)
+    for record in METHODS.values():
+        for alias in record.aliases:
+            assert heads.get(alias) is heads.get(record.name)
 
 
 def test_a_name_missing_from_the_table_cannot_register() -> None:
@@ -105,17 +124,6 @@ def test_a_name_missing_from_the_table_cannot_register() -> None:
         registry.register("etm")(type("Misspelt", (), {"__module__": __name__}))
     with pytest.raises(EtnError, match="Did you mean: etn"):
         registry.canonical("etm")
-
-
-def test_the_scores_of_every_scorer_are_named_before_any_scorer_loads() -> None:
-    """A report reads a scorer's score direction without importing the scorer."""
-    from etn_cli.heads import heads
-    from etn_cli.metrics.scores import HIGHER_MEANS_ID
-
-    named = dict(HIGHER_MEANS_ID)
-    for name in heads.names():
-        heads.get(name)
-    assert HIGHER_MEANS_ID == named
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ def fitted(name: str, data, **settings):
 
 def own(name: str, data, **settings) -> np.ndarray:
     head = fitted(name, data, **settings)
-    return head.predict(data.h_test, data.z_test).scores[head.score_name]
+    return head.predict(data.h_test, data.z_test).scores[head.own_score]
 
 
 def energy(logits: np.ndarray) -> np.ndarray:
@@ -48,13 +48,10 @@ def assert_close(actual, expected, rtol=1e-5, atol=1e-6):
 
 
 def test_every_scorer_is_a_posthoc_head_with_a_documented_direction():
-    from etn_cli.metrics.scores import HIGHER_MEANS_ID
-
-    assert len(SCORERS) >= 22
+    assert len(SCORERS) >= 23
     for name in SCORERS:
         cls = heads.get(name)
         assert cls.family == "posthoc" and cls.seed_free
-        assert HIGHER_MEANS_ID[cls.score_name] == cls.higher_means_id
         doc = (cls.__doc__ or "") + (sys.modules[cls.__module__].__doc__ or "")
         assert "higher = more" in " ".join(doc.split()), name
 
@@ -348,6 +345,21 @@ def test_fdbd_and_she_against_loops(data):
     assert_close(own("she", data), expected_she, rtol=1e-4)
 
 
+def test_nci_against_a_loop(data):
+    """NCI's proximity to the predicted class's weight vector plus the weighted L1 norm, row by
+    row in float64 (the paper's formula, without dividing by the weight vector's norm)."""
+    mean = data.h_fit.astype(np.float64).mean(0)
+    for alpha in (0.0, 0.1):
+        expected = []
+        for row, logit in zip(data.h_test.astype(np.float64), data.z_test, strict=True):
+            centred = row - mean
+            along = data.weight[logit.argmax()] @ centred / np.linalg.norm(centred)
+            expected.append(along + alpha * np.abs(row).sum())
+        assert_close(own("nci", data, norm_weight=alpha), expected, rtol=1e-4)
+    with pytest.raises(EtnError, match="key 'norm_weight' must be a number >= 0"):
+        heads.get("nci")(norm_weight=-1.0)
+
+
 def test_gradnorm_equals_the_autograd_gradient_norm(data):
     import torch
 
@@ -369,9 +381,9 @@ def test_scorer_round_trip_batches_and_fast_score(name, data, tmp_path):
     loaded = type(head).load(tmp_path)
     again = loaded.predict(data.h_test, data.z_test)
     np.testing.assert_allclose(again.probs, prediction.probs, rtol=1e-12)
-    ours = prediction.scores[head.score_name]
-    np.testing.assert_allclose(again.scores[head.score_name], ours, rtol=1e-12)
-    half = loaded.predict(data.h_test[:37], data.z_test[:37]).scores[head.score_name]
+    ours = prediction.scores[head.own_score]
+    np.testing.assert_allclose(again.scores[head.own_score], ours, rtol=1e-12)
+    half = loaded.predict(data.h_test[:37], data.z_test[:37]).scores[head.own_score]
     np.testing.assert_allclose(half, ours[:37], rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(head.score(data.h_test, data.z_test), ours, rtol=1e-12)
     assert np.allclose(prediction.probs.sum(1), 1.0)

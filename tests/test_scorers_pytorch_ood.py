@@ -41,7 +41,7 @@ def ours(name: str, data, **settings) -> np.ndarray:
     head = heads.get(name)(**settings).fit(
         data.h_fit, data.z_fit, data.y_fit, classifier=data.classifier
     )
-    return id_score(head.score_name, head.score(data.h_test, data.z_test))
+    return id_score(head.own_score, head.score(data.h_test, data.z_test))
 
 
 def assert_same_ranking(ours_id: np.ndarray, outlier: torch.Tensor, is_id: np.ndarray) -> None:
@@ -102,6 +102,12 @@ def test_feature_detectors(data, tensors):
         ("she", {}, detector.SHE(None, tensors["head"]).fit_features(fit, y)),
         ("nnguide", {"k": 10}, detector.NNGuide(None, tensors["head"], k=10).fit_features(fit, y)),
         ("fdbd", {}, detector.fDBD(None, tensors["head"]).fit_features(fit, y)),
+        ("nci", {}, detector.NCI(None, tensors["head"]).fit_features(fit)),
+        (
+            "nci",
+            {"norm_weight": 0.05},
+            detector.NCI(None, tensors["head"], alpha=0.05).fit_features(fit),
+        ),
     ]
     with torch.no_grad():
         for name, settings, fitted in cases:

@@ -32,7 +32,7 @@ OUT_OF_RANGE: dict[str | tuple[str, str], object] = {
     "dim": -1, "percentile": 101.0, "lower_percentile": -1.0, "upper_percentile": 101.0,
     "sparsity": 100.0, "mean_field_factor": -1.0, "lr_milestones": [-5, 1000],
     ("duq", "gamma"): 1.0, ("gen", "gamma"): 0.0, ("vra", "gamma"): math.inf,
-    "lower": math.nan, "upper": math.inf,
+    "lower": math.nan, "upper": math.inf, "norm_weight": -1.0,
 }  # fmt: skip
 
 

@@ -245,16 +245,14 @@ def example_listing() -> str:
 
 
 def head_listing() -> str:
-    """``etn ls heads``: every registered head's line (imports every head, and torch)."""
-    from etn_cli.heads import heads
+    """``etn ls heads``: every head's line, from its record (no head, nor torch, is imported)."""
+    from etn_cli.catalogue import METHODS
     from etn_cli.report.listing import HeadEntry, head_listing, head_needs
 
-    entries = []
-    for name in heads.names():
-        cls = heads.get(name)
-        family = getattr(cls, "family", "other")
-        needs, aliases = tuple(head_needs(cls)), tuple(heads.aliases_of(name))
-        entries.append(HeadEntry(name, family, cls.label, needs, aliases))
+    entries = [
+        HeadEntry(m.name, m.family, m.label, tuple(head_needs(m.needs)), m.aliases)
+        for m in sorted(METHODS.values(), key=lambda m: m.name)
+    ]
     return head_listing(entries)
 
 

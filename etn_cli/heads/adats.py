@@ -122,11 +122,6 @@ class CondVAETemperature(nn.Module):
 
 @heads.register("adats")
 class AdaTS(Head):
-    name = "adats"
-    label = "AdaTS (EDL loss)"
-    family = "evidential"
-    Config = AdaTSConfig
-
     def _build(self, n_features: int, n_classes: int) -> None:
         with torch.random.fork_rng(devices=[]):  # the head's seed fixes the initial weights
             torch.manual_seed(self.config.seed)

@@ -93,10 +93,12 @@ def moved(value: Any, device: torch.device, memo: dict[int, Any] | None = None) 
 class Head:
     """Base class of every registered head.
 
-    Subclasses set ``name``, ``label`` (display name in reports), ``Config`` (a frozen dataclass
-    extending :class:`HeadConfig`) and implement ``_fit``, ``_predict``, ``_state`` and
-    ``_load_state``. ``classifier`` is the backbone's final layer (``weight`` (C, D), ``bias``
-    (C,)) for heads that start from it (``needs_classifier``). A head that estimates ID
+    Subclasses implement ``_fit``, ``_predict``, ``_state`` and ``_load_state``; their facts
+    (``name``, ``label``, ``family``, ``Config``, the ``needs_*``, ``seed_free``, ``version``,
+    ``own_score``) come from their record in :mod:`etn_cli.catalogue`, which
+    ``@heads.register`` writes onto the class (the defaults below are for a head of your own).
+    ``classifier`` is the backbone's final layer (``weight`` (C, D), ``bias`` (C,)) for heads
+    that start from it (``needs_classifier``). A head that estimates ID
     statistics (``needs_id_statistics``: class means, covariances, a bank of neighbours) is fitted
     on the pipeline's ``fit`` split when it has one; a ``seed_free`` head draws nothing at random
     and is fitted for the first seed only. Arrays a head never reads are not scanned for NaN
@@ -121,6 +123,7 @@ class Head:
     reads_hidden: ClassVar[bool] = True  # False: fit and predict read only the logits
     version: ClassVar[int] = 0  # raised when its results change for the same inputs: a new key
     own_score: ClassVar[str] = "mp"  # the OOD score ``score()`` returns
+    higher_means_id: ClassVar[bool] = True  # which way ``own_score`` points
 
     def __init__(self, **settings: Any) -> None:
         self.config = build_config(self.Config, settings, f"head {self.name!r}")

@@ -25,7 +25,6 @@ from torch import nn
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.odin import ODIN_LAYER
-from etn_cli.heads.settings import DMMConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
 
@@ -76,12 +75,6 @@ def belief_matching_loss(
 
 @heads.register("dmm")
 class DMM(Head):
-    name = "dmm"
-    label = "DMM"
-    family = "evidential"
-    Config = DMMConfig
-    needs_layers = True
-
     def _inputs(self, h: torch.Tensor, layers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         found = {k: v for k, v in layers.items() if k != ODIN_LAYER}
         return found | ({HIDDEN: h} if self.config.include_hidden else {})

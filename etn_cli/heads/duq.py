@@ -129,12 +129,6 @@ class RBFHead(nn.Module):
 
 @heads.register("duq")
 class DUQ(Head):
-    name = "duq"
-    label = "DUQ (head)"
-    family = "deterministic"
-    own_score = "kernel"  # max_c K_c, higher = ID
-    Config = DUQConfig
-
     def _build(self, n_features: int, n_classes: int) -> None:
         with torch.random.fork_rng(devices=[]):  # the head's seed fixes W and the centroids
             torch.manual_seed(self.config.seed)

@@ -11,20 +11,12 @@ import torch
 
 from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.scorers import softmax_terms
-from etn_cli.heads.settings import EnergyConfig
 from etn_cli.metrics.scores import probability_scores
 
 
 @heads.register("energy")
 class Energy(Head):
-    name = "energy"
-    label = "Energy"
-    family = "posthoc"
-    seed_free = True
-    reads_fit_rows = reads_hidden = False
     keeps_argmax = True  # the softmax of the backbone's logits
-    own_score = "energy"
-    Config = EnergyConfig
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         return None

@@ -19,7 +19,6 @@ from torch.nn import functional as F
 
 from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.lastlayer import classifier_tensors
-from etn_cli.heads.settings import EnsembleConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import probability_scores, sample_scores
 
@@ -31,12 +30,6 @@ def member_seed(seed: int, member: int) -> int:
 
 @heads.register("ensemble")
 class Ensemble(Head):
-    name = "ensemble"
-    label = "Deep ensemble (last layer)"
-    family = "bayesian"
-    Config = EnsembleConfig
-    needs_classifier = True
-
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
         weight, bias = classifier_tensors(classifier, h.shape[1], z.shape[1])

@@ -116,10 +116,6 @@ def mlp(n_in: int, width: int, depth: int, n_out: int) -> nn.Sequential:
 
 @heads.register("etn")
 class ETN(Head):
-    name = "etn"
-    label = "ETN"
-    family = "evidential"
-    Config = ETNConfig
     fused_ = False  # fit with the compiled objective (etn_cli.heads.scalar_density, vector_density)
 
     @property

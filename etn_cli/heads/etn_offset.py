@@ -74,8 +74,6 @@ GRID_POINTS = 41
 
 @heads.register("etn_offset")
 class OffsetETN(ETN):
-    name = "etn_offset"
-    label = "ETN (fitted offset)"
     offset_: float = 0.0
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:

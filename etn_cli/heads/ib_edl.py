@@ -178,11 +178,6 @@ def information_bottleneck_kl(mu: torch.Tensor, sigma: torch.Tensor) -> torch.Te
 
 @heads.register("ib_edl")
 class IBEDL(Head):
-    name = "ib_edl"
-    label = "IB-EDL (last layer)"
-    family = "evidential"
-    Config = IBEDLConfig
-    needs_classifier = True
     fused_ = False  # the sampled risk compiled (large CPU fits, as ETN's objective)
 
     def _build(self, n_features: int, n_classes: int) -> None:

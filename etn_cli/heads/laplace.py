@@ -94,12 +94,6 @@ def fit_laplace(la: Any, h: torch.Tensor, y: torch.Tensor, cfg: LaplaceConfig) -
 
 @heads.register("laplace")
 class LastLayerLaplace(Head):
-    name = "laplace"
-    label = "Laplace (last layer, KFAC)"
-    family = "bayesian"
-    Config = LaplaceConfig
-    needs_classifier = True
-
     @property
     def variant(self) -> str:
         return self.config.hessian_structure

@@ -25,15 +25,7 @@ from etn_cli.metrics.scores import probability_scores
 
 @heads.register("mahalanobis")
 class Mahalanobis(Head):
-    name = "mahalanobis"
-    needs_every_class = True  # checked on the files before any work
-    label = "Mahalanobis"
-    family = "posthoc"
-    needs_id_statistics = True
-    seed_free = True
     keeps_argmax = True  # the softmax of the backbone's logits
-    own_score = "md"
-    version = 1  # issue 29: float64 covariance and distances
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         self.means_ = class_means(h, y, z.shape[1], "Mahalanobis")  # (C, D)

@@ -13,11 +13,6 @@ from etn_cli.metrics.scores import probability_scores
 class MAP(Head):
     """``p = softmax(z)``; MP is its only score (no Dirichlet, no samples)."""
 
-    name = "map"
-    label = "MAP"
-    family = "posthoc"
-    seed_free = True
-    reads_fit_rows = reads_hidden = False
     keeps_argmax = True  # the softmax of the backbone's logits
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:

@@ -24,7 +24,6 @@ from torch.nn import functional as F
 from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.edl import dirichlet_kl_to_target, evidence, inverse_softplus
 from etn_cli.heads.lastlayer import linear_from_classifier
-from etn_cli.heads.settings import MapEDLConfig
 from etn_cli.heads.training import fit_module
 from etn_cli.metrics.scores import dirichlet_scores
 
@@ -49,12 +48,6 @@ class EvidentialLinear(nn.Module):
 
 @heads.register("map_edl")
 class MapEDL(Head):
-    name = "map_edl"
-    label = "MAP_EDL (last layer)"
-    family = "evidential"
-    Config = MapEDLConfig
-    needs_classifier = True
-
     def _build(self, n_features: int, n_classes: int) -> None:
         self.module_ = EvidentialLinear(n_features, n_classes, self.config.b_init)
 

@@ -23,7 +23,6 @@ import torch
 
 from etn_cli.heads.base import Head, Prediction, heads
 from etn_cli.heads.lastlayer import classifier_tensors
-from etn_cli.heads.settings import MCDropoutConfig
 from etn_cli.metrics.scores import sample_scores
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment
@@ -51,12 +50,6 @@ def keep_masks(keys: np.ndarray, passes: int, width: int, p: float) -> np.ndarra
 
 @heads.register("mcd")
 class MCDropout(Head):
-    name = "mcd"
-    label = "MC dropout"
-    family = "bayesian"
-    Config = MCDropoutConfig
-    needs_classifier = True
-
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         self.weight_, self.bias_ = classifier_tensors(classifier, h.shape[1], z.shape[1])
 

@@ -26,12 +26,6 @@ ODIN_LAYER = "odin"
 
 @heads.register("odin")
 class ODIN(Head):
-    name = "odin"
-    label = "ODIN"
-    family = "posthoc"
-    seed_free = True
-    Config = ODINConfig
-
     def __init__(self, **settings) -> None:
         super().__init__(**settings)
         self.perturbed_: bool | None = None  # known after fit: did the features carry x'?

@@ -4,7 +4,7 @@ A head's ``Config`` lives here rather than beside its code so that a pipeline fi
 ``[[heads]]`` tables are checked (unknown keys, types, ranges, these ``__post_init__`` rules)
 in milliseconds, before any head or torch is imported: a misspelt setting is refused at once.
 The post-hoc scorers' settings are in :mod:`etn_cli.heads.scorers.settings`; which settings
-each head name takes is the table in :mod:`etn_cli.heads`.
+each head name takes is its record in :mod:`etn_cli.catalogue`.
 """
 
 from __future__ import annotations

@@ -69,11 +69,6 @@ class RandomFeatureGP(nn.Module):
 
 @heads.register("sngp")
 class SNGP(Head):
-    name = "sngp"
-    label = "SNGP (head)"
-    family = "deterministic"
-    Config = SNGPConfig
-
     def _build(self, n_features: int, n_classes: int) -> None:
         cfg = self.config
         needed = n_classes * cfg.random_features**2 * 4

@@ -90,11 +90,6 @@ class StaticMatrix(nn.Module):
 
 @heads.register("static")
 class Static(Head):
-    name = "static"
-    label = "Static scaling"
-    family = "evidential"
-    Config = StaticConfig
-
     def _build(self, n_classes: int, a_start: float | None = None) -> None:
         a_start = self.config.a_init if a_start is None else a_start
         if self.config.variant == "matrix":

@@ -31,7 +31,6 @@ import zlib
 import numpy as np
 
 METHODS = ("lac", "aps", "raps")
-CONFORMAL_METRICS = ("coverage", "set_size")
 
 
 def _ranked(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

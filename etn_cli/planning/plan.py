@@ -364,12 +364,14 @@ def sweep_label(label: str, point: dict[str, Any], variant_in_label: bool) -> st
 
 
 def _head_units(plan: Plan) -> list[HeadUnit]:
+    from etn_cli.catalogue import METHODS
     from etn_cli.heads import heads
 
     units = []
     for index, spec in enumerate(plan.pipeline.heads):
         seeds = spec.seeds or plan.pipeline.seeds
-        for seed in seeds[:1] if heads.get(spec.name).seed_free and not spec.seeds else seeds:
+        seed_free = METHODS[heads.canonical(spec.name)].seed_free
+        for seed in seeds[:1] if seed_free and not spec.seeds else seeds:
             head = heads.get(spec.name)(**(spec.settings | {"seed": seed}))
             fp = {
                 "head": head.name,

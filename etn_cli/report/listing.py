@@ -26,14 +26,10 @@ class HeadEntry:
     aliases: tuple[str, ...]
 
 
-def head_needs(cls: type) -> list[str]:
-    """What a head class needs beyond hidden states and logits."""
-    needs = [
-        ("classifier", getattr(cls, "needs_classifier", False)),
-        ("layers", getattr(cls, "needs_layers", False)),
-        ("ID statistics", getattr(cls, "needs_id_statistics", False)),
-    ]
-    return [name for name, needed in needs if needed]
+def head_needs(needs: tuple[str, ...]) -> list[str]:
+    """What a head needs beyond hidden states and logits, from its record's ``needs``."""
+    shown = {"classifier": "classifier", "layers": "layers", "id_statistics": "ID statistics"}
+    return [text for need, text in shown.items() if need in needs]
 
 
 def head_listing(entries: list[HeadEntry]) -> str:

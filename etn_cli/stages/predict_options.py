@@ -83,13 +83,15 @@ def check_head_named(pipeline: Any, head: str) -> None:
     ``+ TS`` appended: ``ETN (vector)``) or its folder (``etn-3f2a...``), so anything that
     begins like one of the pipeline's names or labels is left to the stage, which knows the
     full labels; only what cannot match is refused here, before torch loads."""
-    from etn_cli.heads import LABELS, heads
+    from etn_cli.catalogue import METHODS
+    from etn_cli.heads import heads
 
     if head in heads:  # a name or an alias: the stage says whether this pipeline has it
         return
     canonical = [heads.canonical(spec.name) for spec in pipeline.heads]
     labels = [
-        spec.label or LABELS[name] for spec, name in zip(pipeline.heads, canonical, strict=True)
+        spec.label or METHODS[name].label
+        for spec, name in zip(pipeline.heads, canonical, strict=True)
     ]
     stems = [label.split(" (")[0].split(" + ")[0] for label in labels]
     starts = {s.casefold() for s in (*canonical, *labels, *stems) if s}
@@ -114,9 +116,10 @@ def no_seed(where: Any, head: str, seeds: list[int], seed: int) -> EtnError:
 def check_head_seed(pipeline: Any, head: str, seed: int) -> None:
     """``--seed`` that the head ``--head`` names (by name or alias) was not trained with,
     refused with the stage's line; a head that draws nothing at random takes any seed."""
-    from etn_cli.heads import SEED_FREE, heads
+    from etn_cli.catalogue import METHODS
+    from etn_cli.heads import heads
 
-    if head not in heads or heads.canonical(head) in SEED_FREE:
+    if head not in heads or METHODS[heads.canonical(head)].seed_free:
         return
     name = heads.canonical(head)
     specs = [s for s in pipeline.heads if name in (heads.canonical(s.name), s.label)]

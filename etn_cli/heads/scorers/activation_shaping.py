@@ -28,7 +28,6 @@ import torch
 
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
-from etn_cli.heads.scorers.settings import ASHBConfig, ASHPConfig, ASHSConfig, SCALEConfig
 
 
 def kept_count(dim: int, percentile: float) -> int:
@@ -73,9 +72,7 @@ def scale(h: torch.Tensor, percentile: float) -> torch.Tensor:
 class Shaping(Scorer):
     """A shaping function of a row and the percentile, then the energy of the final layer."""
 
-    needs_classifier = True
     energy_of_logits = True
-    reads_fit_rows = False  # the classifier only
     shape_rows = staticmethod(ash_s)
 
     def fit_scorer(self, h, z, y, classifier) -> None:
@@ -87,27 +84,19 @@ class Shaping(Scorer):
 
 @heads.register("ash_p")
 class ASHP(Shaping):
-    name, label, score_name = "ash_p", "ASH-P", "ash"
-    Config = ASHPConfig
     shape_rows = staticmethod(ash_p)
 
 
 @heads.register("ash_b")
 class ASHB(Shaping):
-    name, label, score_name = "ash_b", "ASH-B", "ash"
-    Config = ASHBConfig
     shape_rows = staticmethod(ash_b)
 
 
 @heads.register("ash_s")
 class ASHS(Shaping):
-    name, label, score_name = "ash_s", "ASH-S", "ash"
-    Config = ASHSConfig
     shape_rows = staticmethod(ash_s)
 
 
 @heads.register("scale")
 class SCALE(Shaping):
-    name, label, score_name = "scale", "SCALE", "scale"
-    Config = SCALEConfig
     shape_rows = staticmethod(scale)

@@ -2,11 +2,10 @@
 then score rows (pytorch-ood's ``fit_features`` / ``predict_features``, OpenOOD's
 postprocessors), as a registered :class:`~etn_cli.heads.base.Head` of family ``posthoc``.
 
-A scorer sets ``score_name`` (its own score in the metrics: the report's AUROC and FPR95 rank
-by it), ``higher_means_id`` (the score's direction, registered with
-:func:`etn_cli.metrics.score_names.register_score`) and what it needs: ``needs_id_statistics``
+A scorer's record (:mod:`etn_cli.catalogue`) names its own score (``own_score`` here: the
+report's AUROC and FPR95 rank by it), the score's direction and what it needs: ``id_statistics``
 (fitted on the pipeline's ``[data] fit`` split when there is one, otherwise on the adaptation
-split) and ``needs_classifier`` (the backbone's final layer ``weight`` (C, D), ``bias`` (C,)).
+split) and ``classifier`` (the backbone's final layer ``weight`` (C, D), ``bias`` (C,)).
 It implements :meth:`Scorer.fit_scorer` and :meth:`Scorer.score_rows`; a scorer that changes
 the logits (ReAct, ASH, DICE, ...) overrides :meth:`Scorer.scorer_logits` instead, its
 probabilities are the softmax of those logits, as in OpenOOD, and with ``energy_of_logits``
@@ -26,7 +25,6 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, Prediction
 from etn_cli.heads.scorers import softmax_terms
-from etn_cli.metrics.score_names import register_score
 from etn_cli.metrics.scores import probability_scores
 
 SCORE_ROWS = 16384  # rows scored at once: bounds the (rows, D) and (rows, C) temporaries
@@ -34,17 +32,7 @@ NOT_STATE = ("n_features_", "n_classes_")
 
 
 class Scorer(Head):
-    family = "posthoc"
-    score_name: ClassVar[str]
-    higher_means_id: ClassVar[bool] = True
     energy_of_logits: ClassVar[bool] = False  # the score is logsumexp of ``scorer_logits``
-    seed_free = True
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "score_name" in cls.__dict__:
-            register_score(cls.score_name, cls.higher_means_id)
-            cls.own_score = cls.score_name
 
     # --------------------------------------------------------------- for each scorer
     def fit_scorer(self, h, z, y, classifier) -> None:
@@ -85,7 +73,7 @@ class Scorer(Head):
             logits.append(changed.double().cpu())
             scores.append(score.double().cpu())
         probs = torch.softmax(torch.cat(logits), dim=1).cpu().numpy()  # (N, C)
-        own = {self.score_name: torch.cat(scores).cpu().numpy()}
+        own = {self.own_score: torch.cat(scores).cpu().numpy()}
         return Prediction(probs, probability_scores(probs) | own)
 
     def _score(self, h, z, *, layers, device) -> np.ndarray:

@@ -7,7 +7,6 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer
-from etn_cli.heads.scorers.settings import GradNormConfig
 from etn_cli.heads.scorers.statistics import float64_blocks
 
 
@@ -19,12 +18,6 @@ class FDBD(Scorer):
     ``(w_k - w_i)^T h + b_k - b_i``), divided by the feature's distance to the ID mean:
     ``fdbd = sum_{i != k} |z_k - z_i| / ||w_k - w_i|| / ((C - 1) ||h - mu_ID||)``, higher = more
     ID (the paper's distance-normalised variant, its and OpenOOD's default)."""
-
-    name = "fdbd"
-    label = "fDBD"
-    score_name = "fdbd"
-    needs_classifier = True
-    needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         self.mean_ = h.mean(0).double()  # float32's cascaded sum: within 1e-7 of float64's
@@ -46,12 +39,6 @@ class SHE(Scorer):
     In-Distribution Data Patterns Memorization with Modern Hopfield Energy", ICLR 2023): the
     stored pattern of class c is the mean feature of the ID rows of class c that the backbone
     classifies correctly; ``she = h^T S_k`` with k the predicted class, higher = more ID."""
-
-    name = "she"
-    needs_every_class = True  # checked on the files before any work
-    label = "SHE"
-    score_name = "she"
-    needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         correct = z.argmax(dim=1) == y
@@ -81,12 +68,6 @@ class GradNorm(Scorer):
     exactly ``gradnorm = ||p - u||_1 ||h||_1 / T`` (p = softmax(z / T)), higher = more ID:
     no backward pass, and W itself is not needed (the cached logits are W h + b). OpenOOD
     back-propagates a loss C times as large (targets of ones), which ranks the same."""
-
-    name = "gradnorm"
-    reads_fit_rows = False
-    label = "GradNorm"
-    Config = GradNormConfig
-    score_name = "gradnorm"
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         t = self.config.temperature

@@ -31,7 +31,6 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, per_class_rows
-from etn_cli.heads.scorers.settings import DDUConfig
 from etn_cli.heads.scorers.statistics import gram
 
 JITTERS = [0.0, torch.finfo(torch.float64).tiny] + [10.0**e for e in range(-308, 0)]
@@ -73,14 +72,6 @@ def smallest_jitter(covariances: torch.Tensor) -> tuple[float, torch.Tensor]:
 
 @heads.register("ddu")
 class DDU(Scorer):
-    name = "ddu"
-    needs_every_class = True  # checked on the files before any work
-    label = "DDU (GDA)"
-    Config = DDUConfig
-    score_name = "ddu"
-    version = 1  # issue 29: a jitter clear of rounding noise
-    needs_id_statistics = True
-
     def fit_scorer(self, h, z, y, classifier) -> None:
         classes, dim = z.shape[1], h.shape[1]
         gib = classes * dim * dim * 8 * 2 / 2**30  # covariances and their inverse factors

@@ -16,19 +16,12 @@ import torch
 
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
-from etn_cli.heads.scorers.settings import DICEConfig
 from etn_cli.heads.scorers.statistics import column_mean
 
 
 @heads.register("dice")
 class DICE(Scorer):
-    name = "dice"
-    label = "DICE"
-    Config = DICEConfig
-    score_name = "dice"
-    needs_classifier = True
     energy_of_logits = True
-    needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         weight = classifier["weight"]  # (C, D)

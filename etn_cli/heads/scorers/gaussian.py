@@ -40,13 +40,6 @@ class MahalanobisPP(Whitened, Scorer):
     ``z = h / ||h||``; class means and one tied covariance of the normalised ID features,
     ``mahalanobis_pp = -min_c (z - mu_c)^T Sigma^-1 (z - mu_c)``, higher = more ID."""
 
-    name = "mahalanobis_pp"
-    needs_every_class = True  # checked on the files before any work
-    label = "Mahalanobis++"
-    score_name = "mahalanobis_pp"
-    version = 1  # issue 29: float64 covariance and distances
-    needs_id_statistics = True
-
     def fit_scorer(self, h, z, y, classifier) -> None:
         scale = inverse_norms(h)  # float64 unit rows: a float32 one blurs correlated units
         self.means_ = class_means(h, y, z.shape[1], "Mahalanobis++", scale)
@@ -71,13 +64,6 @@ class RMDS(Whitened, Scorer):
     ``rmds = -min_c (MD_c(h) - MD_0(h))``, higher = more ID. One pass over the rows: the
     covariance of all rows is the within-class scatter plus the between-class scatter of the
     class means, divided by N."""
-
-    name = "rmds"
-    needs_every_class = True  # checked on the files before any work
-    label = "RMDS"
-    score_name = "rmds"
-    version = 1  # issue 29: float64 covariance and distances
-    needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         self.means_ = class_means(h, y, z.shape[1], "RMDS")

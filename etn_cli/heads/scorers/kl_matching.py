@@ -18,12 +18,6 @@ from etn_cli.heads.scorers.softmax_terms import block_rows
 
 @heads.register("kl_matching")
 class KLMatching(Scorer):
-    name = "kl_matching"
-    label = "KL matching"
-    score_name = "klm"
-    needs_id_statistics = True
-    reads_hidden = False
-
     def fit_scorer(self, h, z, y, classifier) -> None:
         classes = z.shape[1]
         predicted = z.argmax(dim=1)  # the softmax's argmax

@@ -8,7 +8,6 @@ from etn_cli.errors import EtnError
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, energy
 from etn_cli.heads.scorers.neighbours import kth_squared_distance, normalise, top_inner_products
-from etn_cli.heads.scorers.settings import NeighboursConfig, NNGuideConfig
 
 
 def check_bank(rows: int, k: int, head: str) -> None:
@@ -30,12 +29,6 @@ class KNN(Scorer):
     set and ``k = 10`` with 1% of it (k scales with the bank: ``fit_rows`` = 10% suggests
     ``k = 100``). Exact search by blocked matrix products."""
 
-    name = "knn"
-    label = "KNN"
-    Config = NeighboursConfig
-    score_name = "knn"
-    needs_id_statistics = True
-
     def fit_scorer(self, h, z, y, classifier) -> None:
         check_bank(len(h), self.config.k, "knn")
         self.bank_ = normalise(h)
@@ -55,12 +48,6 @@ class NNGuide(Scorer):
     ``k = 10`` is the authors' (their code's detector config, ``knn_k: 10``; pytorch-ood's
     default too). OpenOOD uses ``K = 100`` on a bank of 1% of ImageNet's training set
     (``alpha = 0.01``): set ``k = 100`` for its value. The bank here is the whole fit split."""
-
-    name = "nnguide"
-    label = "NNGuide"
-    Config = NNGuideConfig
-    score_name = "nnguide"
-    needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         check_bank(len(h), self.config.k, "nnguide")

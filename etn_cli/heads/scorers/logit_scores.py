@@ -7,18 +7,12 @@ import torch
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers import softmax_terms
 from etn_cli.heads.scorers.base import Scorer
-from etn_cli.heads.scorers.settings import GENConfig
 
 
 @heads.register("max_logit")
 class MaxLogit(Scorer):
     """Maximum logit (MLS; Hendrycks et al., "Scaling Out-of-Distribution Detection for
     Real-World Settings", ICML 2022): ``mls = max_i z_i``, higher = more ID."""
-
-    name = "max_logit"
-    reads_fit_rows = reads_hidden = False
-    label = "Max logit"
-    score_name = "mls"
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return z.max(dim=1).values.double()
@@ -29,13 +23,6 @@ class Entropy(Scorer):
     """Predictive entropy of the backbone's softmax, ``entropy = -sum_i p_i log p_i`` with
     ``0 log 0 = 0``; higher = more OOD (the classic uncertainty baseline that pytorch-ood and
     OpenOOD list beside MSP)."""
-
-    name = "entropy"
-    reads_fit_rows = reads_hidden = False
-    label = "Entropy"
-    score_name = "entropy"
-    version = 1  # issue 29: exact on rows whose p_max rounds to 1
-    higher_means_id = False
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return softmax_terms.entropy(z)
@@ -50,13 +37,6 @@ class GEN(Scorer):
     ``gamma = 0.1``, ``M = 100`` are the paper's (and OpenOOD's); no clipping of ``p``
     (pytorch-ood clips to [1e-7, 1 - 1e-7] and averages instead of summing, which ranks alike
     except where it clips)."""
-
-    name = "gen"
-    reads_fit_rows = reads_hidden = False
-    label = "GEN"
-    Config = GENConfig
-    score_name = "gen"
-    version = 1  # issue 29: exact on rows whose p_max rounds to 1
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """In float64 blocks of rows; ``1 - p`` of the top class as ``r / (1 + r)`` (the rest

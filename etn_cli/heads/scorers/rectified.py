@@ -13,7 +13,6 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
-from etn_cli.heads.scorers.settings import ReActConfig, VRAConfig
 
 SAMPLE = 1 << 20  # values drawn to bracket each order statistic
 
@@ -75,13 +74,7 @@ class ReAct(Scorer):
     The probabilities are the softmax of the rectified logits. ``percentile = 90`` is the
     paper's (Section 4, on ImageNet and CIFAR), OpenOOD's (``react.yml``) and pytorch-ood's."""
 
-    name = "react"
-    label = "ReAct"
-    Config = ReActConfig
-    score_name = "react"
-    needs_classifier = True
     energy_of_logits = True
-    needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         (threshold,) = activation_percentiles(h, [self.config.percentile])
@@ -104,13 +97,7 @@ class VRA(Scorer):
     each unit between per-unit quantiles, without zeroing the low ones: a different method.
     OpenOOD's ``vra.yml`` sets the percentiles to 10 and 90 (``lower_percentile = 10``)."""
 
-    name = "vra"
-    label = "VRA"
-    Config = VRAConfig
-    score_name = "vra"
-    needs_classifier = True
     energy_of_logits = True
-    needs_id_statistics = True
 
     def fit_scorer(self, h, z, y, classifier) -> None:
         c = self.config

@@ -115,3 +115,15 @@ ASHPConfig = percentile_config(60.0, "ash_p")
 ASHBConfig = percentile_config(65.0, "ash_b")
 ASHSConfig = percentile_config(90.0, "ash_s")
 SCALEConfig = percentile_config(85.0, "scale")
+
+
+@dataclass(frozen=True)
+class NCIConfig(HeadConfig):
+    norm_weight: float = 0.0  # alpha, the weight of the feature's L1 norm
+
+    def __post_init__(self) -> None:
+        if self.norm_weight < 0:
+            raise EtnError(
+                f"head 'nci' key 'norm_weight' must be a number >= 0, got {self.norm_weight}. "
+                "Fix the value."
+            )

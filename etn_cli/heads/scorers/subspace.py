@@ -21,7 +21,6 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, energy
-from etn_cli.heads.scorers.settings import SubspaceConfig
 from etn_cli.heads.scorers.statistics import (
     min_norm_solution,
     second_moment,
@@ -38,11 +37,6 @@ def principal_dim(dim: int, features: int) -> int:
 
 
 class Subspace(Scorer):
-    Config = SubspaceConfig
-    version = 1  # issue 29: float64 moment, QR origin
-    needs_classifier = True
-    needs_id_statistics = True
-
     def fit_scorer(self, h, z, y, classifier) -> None:
         d = principal_dim(self.config.dim, h.shape[1])
         if not 0 < d < h.shape[1]:
@@ -84,10 +78,6 @@ class ViM(Subspace):
     logit; ``vim = logsumexp(z) - alpha r(h)``, higher = more ID (the authors' score; the
     virtual class's softmax probability ranks the same)."""
 
-    name = "vim"
-    label = "ViM"
-    score_name = "vim"
-
     def fit_scorer(self, h, z, y, classifier) -> None:
         super().fit_scorer(h, z, y, classifier)
         max_logit = z.max(dim=1).values.double().mean()
@@ -101,10 +91,6 @@ class ViM(Subspace):
 class Residual(Subspace):
     """Residual (the ViM paper's feature-only baseline): ``residual = -r(h)``, higher = more
     ID."""
-
-    name = "residual"
-    label = "Residual"
-    score_name = "residual"
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return -self.residual(h)

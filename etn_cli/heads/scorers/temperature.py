@@ -25,12 +25,6 @@ from etn_cli.heads.scorers.softmax_terms import max_probability
 
 @heads.register("temperature")
 class TemperatureScaling(Scorer):
-    name = "temperature"
-    label = "Temperature scaling"
-    score_name = "mp"
-    version = 1  # issue 29: the fallback where the NLL has no finite optimum
-    reads_hidden = False
-
     def fit_scorer(self, h, z, y, classifier) -> None:
         if torch.unique(y).numel() < 2:
             raise EtnError(

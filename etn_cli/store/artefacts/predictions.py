@@ -87,8 +87,3 @@ def read_rows(path: Path) -> pl.DataFrame:
         fix = "Run etn evaluate (or etn run) on its pipeline to rebuild it."
         check_recorded_key(Path(path), keys, f"Predictions file {path}", fix)
     return frame
-
-
-def scores_of(frame: pl.DataFrame) -> list[str]:
-    """The score names a predictions frame carries."""
-    return [c.removeprefix(SCORE_PREFIX) for c in frame.columns if c.startswith(SCORE_PREFIX)]
