@@ -16,6 +16,7 @@ import pytest
 import torch
 from cli_runner import etn
 from sklearn.metrics import average_precision_score
+from tiny_pipeline import BOTH_OOD, tiny_pipeline
 
 import etn_cli
 from etn_cli.errors import EtnError
@@ -23,31 +24,13 @@ from etn_cli.planning.pipeline import load_pipeline
 from etn_cli.planning.plan import make_plan, open_source
 from etn_cli.store.reading.reader import read_split
 
-DIGITS = """
-name = "{name}"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-layers = ["features.1"]
-odin = true
-[data]
-id = "digits"
-ood = ["digits_unseen", "digits_noise"]
-[[heads]]
-name = "etn"
-epochs = {etn_epochs}
-batch_size = 64
-[[heads]]
-name = "map"
-[[heads]]
-name = "mahalanobis"
-[[heads]]
-name = "odin"
-[[heads]]
-name = "dmm"
-epochs = 2
-"""
+
+def digits_text(etn_epochs: int) -> str:
+    return tiny_pipeline(
+        backbone={"epochs": 3, "layers": ["features.1"], "odin": True}, data={"ood": BOTH_OOD},
+        heads=({"name": "etn", "epochs": etn_epochs, "batch_size": 64}, "map", "mahalanobis",
+               "odin", {"name": "dmm", "epochs": 2}),
+    )  # fmt: skip
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -81,7 +64,7 @@ def assert_rows_match(frame: pl.DataFrame, prediction, letters=None, atol: float
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("digits")
-    pipeline = write(root, "tiny", DIGITS.format(name="tiny", etn_epochs=2))
+    pipeline = write(root, "tiny", digits_text(2))
     code, output = etn("run", pipeline, "--data-dir", root / "data")
     assert code == 0, output
     plan = make_plan(load_pipeline(pipeline), root / "data")
@@ -145,10 +128,10 @@ def test_load_head_explains_missing_ambiguous_and_untrained_heads(digits, tmp_pa
         etn_cli.load_head(pipeline=pipeline, head="etm", data_dir=data)
     with pytest.raises(EtnError, match=r"has seeds \[0\], not 3"):
         etn_cli.load_head(pipeline=pipeline, head="etn", seed=3, data_dir=data)
-    untrained = write(tmp_path, "tiny", DIGITS.format(name="tiny", etn_epochs=5))
+    untrained = write(tmp_path, "tiny", digits_text(5))
     with pytest.raises(EtnError, match=r"is not trained.*Run `etn train"):
         etn_cli.load_head(pipeline=untrained, head="etn", data_dir=data)
-    twice = DIGITS.format(name="tiny", etn_epochs=2) + '[[heads]]\nname = "etn"\nepochs = 3\n'
+    twice = digits_text(2) + '[[heads]]\nname = "etn"\nepochs = 3\n'
     with pytest.raises(EtnError, match=r"'etn' is ambiguous.*ETN.*Pass one of these"):
         etn_cli.load_head(pipeline=write(tmp_path, "twice", twice), head="etn", data_dir=data)
     unit = next(u for u in plan.heads if u.head.name == "etn")
@@ -260,7 +243,7 @@ def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_
     out = tmp_path / "p.parquet"
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question": "?", "choices": ["a", "b", "c", "d"]}\n')
-    untrained = write(tmp_path, "tiny", DIGITS.format(name="tiny", etn_epochs=5))
+    untrained = write(tmp_path, "tiny", digits_text(5))
     cases = [
         ((pipeline, "digits:test", "--head", "etm"), r"no head 'etm'\. Did you mean: etn"),
         ((untrained, "digits:test"), r"is not trained.*Run `etn train"),

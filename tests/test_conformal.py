@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 from cli_runner import etn
+from tiny_pipeline import tiny_pipeline
 
 from etn_cli.datasets.base import held_out
 from etn_cli.metrics.conformal import (
@@ -93,31 +94,18 @@ def test_the_held_out_part_is_seeded_and_never_empty_or_everything():
     assert held_out(3, 0.01, 0).sum() == 1 and held_out(3, 0.99, 0).sum() == 2
 
 
-PIPELINE = """
-name = "conf"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[conformal]
-method = "{method}"
-{extra}
-[[heads]]
-name = "map"
-"""
+def conformal(method: str, **extra: object) -> str:
+    return tiny_pipeline("conf", backbone={"epochs": 3}, conformal={"method": method, **extra})
 
 
-def _run(tmp_path, method: str, extra: str = "") -> tuple[int, str, object]:
-    (tmp_path / "conf.toml").write_text(PIPELINE.format(method=method, extra=extra))
+def _run(tmp_path, method: str, **extra: object) -> tuple[int, str, object]:
+    (tmp_path / "conf.toml").write_text(conformal(method, **extra))
     code, output = etn("run", tmp_path / "conf.toml", "-d", tmp_path / "data", "-q")
     return code, output, tmp_path / "data"
 
 
 def test_a_pipeline_holds_out_part_of_the_adaptation_split_and_reports_sets(tmp_path):
-    code, output, data = _run(tmp_path, "lac", "holdout = 0.25")
+    code, output, data = _run(tmp_path, "lac", holdout=0.25)
     assert code == 0, output
     (metrics,) = (data / "metrics" / "conf").glob("*.parquet")
     frame = pl.read_parquet(metrics)
@@ -141,7 +129,7 @@ def test_a_pipeline_holds_out_part_of_the_adaptation_split_and_reports_sets(tmp_
 
 
 def test_calibrating_on_the_test_split_measures_on_its_other_rows(tmp_path):
-    code, output, data = _run(tmp_path, "raps", 'split = "test"\nholdout = 0.5')
+    code, output, data = _run(tmp_path, "raps", split="test", holdout=0.5)
     assert code == 0, output
     (rows,) = (data / "predictions" / "conf").glob("*.parquet")
     test = pl.read_parquet(rows).filter(task="id")
@@ -151,10 +139,10 @@ def test_calibrating_on_the_test_split_measures_on_its_other_rows(tmp_path):
 
 
 def test_an_unknown_conformal_method_or_key_is_one_line_and_exit_2(tmp_path):
-    for extra, expected in (("", "expected one of 'lac', 'aps', 'raps', got 'rasp'"),
-                            ("alhpa = 0.1", "Did you mean 'alpha'?")):  # fmt: skip
+    for extra, expected in (({}, "expected one of 'lac', 'aps', 'raps', got 'rasp'"),
+                            ({"alhpa": 0.1}, "Did you mean 'alpha'?")):  # fmt: skip
         method = "rasp" if not extra else "raps"
-        (tmp_path / "conf.toml").write_text(PIPELINE.format(method=method, extra=extra))
+        (tmp_path / "conf.toml").write_text(conformal(method, **extra))
         done = subprocess.run(
             [sys.executable, "-m", "etn_cli", "run", tmp_path / "conf.toml", "--dry-run"],
             capture_output=True, text=True, timeout=300,

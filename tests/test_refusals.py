@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from cli_runner import STAMP
 from test_cli_conventions import write_shards
+from tiny_pipeline import calibrated_pair, tiny_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
@@ -43,23 +44,7 @@ def refused(done: subprocess.CompletedProcess, *phrases: str) -> str:
 
 
 # ---------------------------------------------------------------------- the digits default
-TWO_ETNS = """
-name = "two-etns"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[[heads]]
-name = "etn"
-epochs = 2
-[[heads]]
-name = "etn"
-epochs = 2
-calibrate = "temperature"
-"""
+TWO_ETNS = tiny_pipeline("two-etns", heads=calibrated_pair(2))
 
 
 @pytest.mark.slow  # a whole digits run and predict: about 15 s

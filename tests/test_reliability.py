@@ -25,6 +25,7 @@ import pytest
 import torch
 from cli_runner import fresh_data, unstamped
 from safetensors.torch import save_file
+from tiny_pipeline import tiny_pipeline
 
 from etn_cli.errors import EtnError
 from etn_cli.planning import plan as plan_module
@@ -41,24 +42,10 @@ from etn_cli.store.reading.reader import read_split
 from etn_cli.store.writing.writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
-PIPELINE = """
-name = "tiny"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-[data]
-id = "digits"
-ood = ["digits_noise"]
-batch_size = 16
-shard_rows = 16
-[[heads]]
-name = "etn"
-epochs = 2
-batch_size = 64
-[[heads]]
-name = "map"
-"""
+PIPELINE = tiny_pipeline(
+    data={"ood": ["digits_noise"], "batch_size": 16, "shard_rows": 16},
+    heads=({"name": "etn", "epochs": 2, "batch_size": 64}, "map"),
+)
 UNITS = {"extract": 3, "train": 2, "evaluate": 2}  # what one run of PIPELINE builds
 SUMMARY = UNITS | {"extract": UNITS["extract"] + 1}  # a run's summary counts the classifier
 METRIC_COLUMNS = ["eval_set", "task", "method", "seed", "metric", "score", "value", "note"]
