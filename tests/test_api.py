@@ -16,7 +16,15 @@ import pytest
 import torch
 from cli_runner import etn
 from sklearn.metrics import average_precision_score
-from tiny_pipeline import BOTH_OOD, tiny_pipeline
+from tiny_pipeline import (
+    BOTH_OOD,
+    SMALL_ETN,
+    TINY_MCQA,
+    causal_lm,
+    fake_data,
+    resnet18,
+    tiny_pipeline,
+)
 
 import etn_cli
 from etn_cli.errors import EtnError
@@ -303,27 +311,10 @@ def test_the_wrapper_runs_the_digits_cnn_once_and_equals_extract_then_predict(di
 
 
 # ------------------------------------------------------------------------- torchvision
-VISION = """
-name = "tv"
-seeds = [0]
-[backbone]
-name = "torchvision"
-model = "resnet18"
-weights = "none"
-num_classes = 4
-[data]
-id = "fake"
-ood = ["fake:ood"]
-batch_size = 8
-[data.options.fake]
-size = 10
-image_size = 32
-num_classes = 4
-[[heads]]
-name = "etn"
-epochs = 2
-batch_size = 8
-"""
+VISION = tiny_pipeline(
+    "tv", backbone=resnet18(4), data=fake_data(size=10, image_size=32),
+    heads=({"name": "etn", "epochs": 2, "batch_size": 8},),
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -412,29 +403,11 @@ def llm(tmp_path_factory: pytest.TempPathFactory):
 
     root = tmp_path_factory.mktemp("llm")
     model = make_llama(root / "llama")
-    pipeline = write(
-        root,
-        "lm",
-        f"""name = "lm"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{model}"
-dtype = "float32"
-[data]
-id = "tiny_mcqa"
-adapt = "validation"
-ood = ["tiny_mcqa_ood"]
-batch_size = 16
-[[heads]]
-name = "etn"
-depth = 3
-width = 32
-epochs = 2
-batch_size = 8
-prior_mode = 100
-""",
+    heads = (SMALL_ETN,)
+    text = tiny_pipeline(
+        "lm", backbone=causal_lm(model), data=TINY_MCQA | {"batch_size": 16}, heads=heads
     )
+    pipeline = write(root, "lm", text)
     code, output = etn("run", pipeline, "--data-dir", root / "data")
     assert code == 0, output
     return pipeline, root / "data", make_plan(load_pipeline(pipeline), root / "data"), model

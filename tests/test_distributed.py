@@ -19,13 +19,12 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from cli_runner import checksums, etn, fresh_data
+from cli_runner import checksums, etn, finished_run, fresh_data
 from tiny_pipeline import tiny_pipeline
 from torch.utils.data import DataLoader, Dataset
 
 from etn_cli.errors import EtnError
 from etn_cli.stages.extract_batches import batches_in
-from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.verify import verify
 from etn_cli.store.reading.reader import read_split
 from etn_cli.store.writing.pieces import Layout
@@ -89,12 +88,7 @@ main()
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A single-process ``etn run``: (pipeline file, data dir)."""
-    root = tmp_path_factory.mktemp("single")
-    pipeline = root / "tiny.toml"
-    pipeline.write_text(PIPELINE)
-    outcome = run_pipeline(pipeline, root / "data")
-    assert outcome.ok, outcome.message
-    return pipeline, root / "data"
+    return finished_run(tmp_path_factory.mktemp("single"), PIPELINE)
 
 
 def torchrun(*args: str | Path, script: Path | None = None) -> subprocess.CompletedProcess:

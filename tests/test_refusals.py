@@ -4,7 +4,6 @@ is one ``error:`` line naming the real cause and the fix, exit status 2, nothing
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from cli_runner import STAMP
 from test_cli_conventions import write_shards
-from tiny_pipeline import calibrated_pair, tiny_pipeline
+from tiny_pipeline import calibrated_pair, causal_lm, questions, tiny_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
@@ -204,24 +203,6 @@ def five_choices(folder: Path) -> Path:
     return folder
 
 
-QUESTIONS = """
-name = "five"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{model}"
-dtype = "float32"
-letters = {letters}
-[data]
-id = "mcqa_jsonl"
-root = "questions"
-adapt = "adapt.jsonl"
-test = "test.jsonl"
-[[heads]]
-name = "map"
-"""
-
-
 @pytest.mark.parametrize(
     "spare",
     ["ABCDEFGHIJ", pytest.param("ABCD", marks=pytest.mark.slow)],  # the second: about 20 s
@@ -240,7 +221,9 @@ def test_the_two_letter_errors_say_the_one_thing_that_works(tmp_path: Path, spar
     pipeline = tmp_path / "five.toml"
 
     def dry_run(letters: list[str]) -> subprocess.CompletedProcess:
-        pipeline.write_text(QUESTIONS.format(model=model, letters=json.dumps(letters)))
+        pipeline.write_text(
+            tiny_pipeline("five", backbone=causal_lm(model, letters=letters), data=questions())
+        )
         return etn("run", pipeline, "-d", tmp_path / "data", "--dry-run")
 
     works = list("ABCDE") if spare == "ABCDEFGHIJ" else list("12345")

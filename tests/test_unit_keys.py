@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import etn_process as etn
 from cli_runner import without_progress
 from tiny_pipeline import BOTH_OOD, tiny_pipeline
 
@@ -22,12 +21,6 @@ from etn_cli.store.artefacts.unitkey import check_recorded_key, named_key
 PIPELINE = tiny_pipeline(
     "keys", seeds=(0, 1), data={"ood": BOTH_OOD}, heads=({"name": "etn", "epochs": 2},)
 )
-
-
-def etn(*args: object) -> subprocess.CompletedProcess:
-    """The command through its entry point in a new process, as a shell starts it."""
-    command = [sys.executable, "-m", "etn_cli", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,45 @@ def tiny_pipeline(
     return "\n".join(lines) + "\n"
 
 
+def resnet18(num_classes: int, **more: Any) -> dict[str, Any]:
+    """torchvision's ResNet-18 with random weights as the backbone."""
+    return {"name": "torchvision", "model": "resnet18", "weights": "none",
+            "num_classes": num_classes, **more}  # fmt: skip
+
+
+def fake_data(num_classes: int = 4, batch_size: int | None = 8, **options: Any) -> dict[str, Any]:
+    """torchvision's FakeData as ID (``fake``) and OOD (``fake:ood``) data."""
+    fake = {**options, "num_classes": num_classes}
+    return {"id": "fake", "ood": ["fake:ood"], "batch_size": batch_size, "options": {"fake": fake}}
+
+
+def causal_lm(model: object, **more: Any) -> dict[str, Any]:
+    """A (tiny) causal language model from ``model``'s folder, in float32."""
+    return {"name": "hf_causal_lm", "model": model, "dtype": "float32", **more}
+
+
+def questions(**more: Any) -> dict[str, Any]:
+    """Your own multiple-choice questions: ``questions/adapt.jsonl`` and ``test.jsonl``."""
+    files = {"root": "questions", "adapt": "adapt.jsonl", "test": "test.jsonl"}
+    return {"id": "mcqa_jsonl", **files, **more}
+
+
+def image_folder(**more: Any) -> dict[str, Any]:
+    """Your own images: ``images/adapt/<class>/`` and ``images/test/<class>/``."""
+    return {"id": "image_folder", "root": "images", "adapt": "adapt", "test": "test", **more}
+
+
+TINY_MCQA = {"id": "tiny_mcqa", "adapt": "validation", "ood": ["tiny_mcqa_ood"]}
+SMALL_ETN = {
+    "name": "etn",
+    "depth": 3,
+    "width": 32,
+    "epochs": 2,
+    "batch_size": 8,
+    "prior_mode": 100,
+}
+
+
 def calibrated_pair(epochs: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """ETN twice, the second with its temperature fitted."""
     etn = {"name": "etn", "epochs": epochs}
