@@ -45,7 +45,7 @@ def tiny_pipeline(
     return "\n".join(lines) + "\n"
 
 
-def resnet18(num_classes: int, **more: Any) -> dict[str, Any]:
+def resnet18(num_classes: int | None, **more: Any) -> dict[str, Any]:
     """torchvision's ResNet-18 with random weights as the backbone."""
     return {"name": "torchvision", "model": "resnet18", "weights": "none",
             "num_classes": num_classes, **more}  # fmt: skip
