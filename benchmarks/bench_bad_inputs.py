@@ -34,21 +34,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from tiny_pipeline import tiny_pipeline  # noqa: E402
 
 VERDICTS = ("held", "silent wrong", "traceback", "files written", "other")
 
-DIGITS = """name = "attack"
-seeds = [0, 1]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[[heads]]
-name = "etn"
-epochs = 2
-"""
+DIGITS = tiny_pipeline("attack", seeds=(0, 1), heads=({"name": "etn", "epochs": 2},))
 
 
 # ------------------------------------------------------------------------ helpers

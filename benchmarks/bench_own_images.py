@@ -26,22 +26,12 @@ import numpy as np
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
-PIPELINE = """name = "own_images"
-seeds = [0]
-[backbone]
-name = "torchvision"
-model = "resnet18"
-weights = "none"
-num_classes = 2
-[data]
-id = "image_folder"
-root = "images"
-adapt = "adapt"
-test = "test"
-batch_size = 256
-[[heads]]
-name = "map"
-"""
+sys.path.insert(0, str(ROOT / "tests"))
+from tiny_pipeline import image_folder, resnet18, tiny_pipeline  # noqa: E402
+
+PIPELINE = tiny_pipeline(
+    "own_images", backbone=resnet18(2), data=image_folder(batch_size=256), heads=("map",)
+)
 
 
 def write_images(root: Path, count: int) -> None:

@@ -167,24 +167,9 @@ def check_range(key: str, value: Any, where: str) -> None:
 
 def coerce(value: Any, hint: Any, where: str) -> Any:
     """Check ``value`` against a simple type hint, converting int -> float and list -> tuple."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return coerce(value, option, where)
-            except EtnError:
-                continue
-        raise EtnError(f"{where} expected {_name(hint)}, got {value!r}. Fix the value's type.")
-    if origin is typing.Literal:
-        if value in typing.get_args(hint):
-            return value
-        allowed = ", ".join(repr(a) for a in typing.get_args(hint))
-        raise EtnError(f"{where} expected one of {allowed}, got {value!r}.")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise EtnError(f"{where} expected a list, got {value!r}. Write it as [a, b, ...].")
-        item = typing.get_args(hint)[0]
-        return tuple(coerce(v, item, where) for v in value)
+    shaped = SHAPED.get(typing.get_origin(hint))
+    if shaped is not None:
+        return shaped(value, hint, where)
     if hint is type(None):
         if value is None:
             return None
@@ -197,6 +182,32 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
         f"{where} expected {_name(hint)}, got {value!r} ({type(value).__name__}). "
         "Fix the value's type."
     )
+
+
+def _union(value: Any, hint: Any, where: str) -> Any:
+    for option in typing.get_args(hint):
+        try:
+            return coerce(value, option, where)
+        except EtnError:
+            continue
+    raise EtnError(f"{where} expected {_name(hint)}, got {value!r}. Fix the value's type.")
+
+
+def _literal(value: Any, hint: Any, where: str) -> Any:
+    if value in typing.get_args(hint):
+        return value
+    allowed = ", ".join(repr(a) for a in typing.get_args(hint))
+    raise EtnError(f"{where} expected one of {allowed}, got {value!r}.")
+
+
+def _tuple(value: Any, hint: Any, where: str) -> tuple:
+    if not isinstance(value, (list, tuple)):
+        raise EtnError(f"{where} expected a list, got {value!r}. Write it as [a, b, ...].")
+    item = typing.get_args(hint)[0]
+    return tuple(coerce(v, item, where) for v in value)
+
+
+SHAPED = {typing.Union: _union, types.UnionType: _union, typing.Literal: _literal, tuple: _tuple}
 
 
 def _is_instance(value: Any, hint: type) -> bool:

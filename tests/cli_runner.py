@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -21,11 +23,28 @@ def etn(*args: str | Path) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def etn_process(*args: object, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``etn ARGS`` through its entry point in a new process, as a shell starts it."""
+    command = [sys.executable, "-m", "etn_cli", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+
+
 def fresh_data(tmp_path: Path, reference: tuple[Path, Path]) -> Path:
     """An empty data dir holding only the digits CNN a reference run trained (a cache)."""
     data = tmp_path / "data"
     shutil.copytree(reference[1] / "backbones", data / "backbones")
     return data
+
+
+def finished_run(root: Path, text: str) -> tuple[Path, Path]:
+    """The pipeline ``text`` run once, in this process: (pipeline file, data dir)."""
+    from etn_cli.stages.run import run_pipeline
+
+    pipeline = root / "tiny.toml"
+    pipeline.write_text(text)
+    outcome = run_pipeline(pipeline, root / "data")
+    assert outcome.ok, outcome.message
+    return pipeline, root / "data"
 
 
 def checksums(manifest: dict) -> list[tuple[str, int, str]]:

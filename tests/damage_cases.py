@@ -19,22 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tiny_pipeline import tiny_pipeline
 
 # The smallest pipeline that writes every kind of artefact: a backbone etn trains itself, its
 # stored classifier, shards, a head with weights (map_edl starts from the classifier), metrics.
-PIPELINE = """
-name = "damage"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[[heads]]
-name = "map_edl"
-epochs = 2
-"""
+PIPELINE = tiny_pipeline("damage", heads=({"name": "map_edl", "epochs": 2},))
 
 # artefact kind -> glob under the data directory (each matches one file)
 KINDS = {

@@ -30,6 +30,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
+from tiny_pipeline import causal_lm, image_folder, questions, resnet18, tiny_pipeline
 
 VERDICTS = ("accepted", "refused", "traceback", "not one line", "files written", "other exit")
 HELD = ("accepted", "refused")
@@ -226,22 +227,6 @@ def feature_project(root: Path, suffix: str) -> Scenario:
     return Scenario(files[1], ["import", *map(str, files), "-o", str(out)], out)
 
 
-QUESTIONS = """name = "questions"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{model}"
-dtype = "float32"
-[data]
-id = "mcqa_jsonl"
-root = "questions"
-adapt = "adapt.jsonl"
-test = "test{suffix}"
-[[heads]]
-name = "map"
-"""
-
-
 def question_project(root: Path, suffix: str, llama: Path) -> Scenario:
     """Question files; the target is the test split as JSONL, CSV or Parquet."""
     records = [
@@ -264,26 +249,11 @@ def question_project(root: Path, suffix: str, llama: Path) -> Scenario:
 
         pl.DataFrame(records).write_parquet(target)
     pipeline = root / "questions.toml"
-    pipeline.write_text(QUESTIONS.format(model=llama, suffix=suffix))
+    pipeline.write_text(
+        tiny_pipeline("questions", backbone=causal_lm(llama), data=questions(test=f"test{suffix}"))
+    )
     data = root / "data"
     return Scenario(target, ["run", str(pipeline), "--dry-run", "-d", str(data)], data)
-
-
-VISION = """name = "images"
-seeds = [0]
-[backbone]
-name = "torchvision"
-model = "resnet18"
-weights = "none"
-num_classes = 2
-[data]
-id = "image_folder"
-root = "images"
-adapt = "{adapt}"
-test = "test"
-[[heads]]
-name = "map"
-"""
 
 
 def image_project(root: Path, suffix: str, listed: bool = False) -> Scenario:
@@ -305,7 +275,9 @@ def image_project(root: Path, suffix: str, listed: bool = False) -> Scenario:
         (root / "images" / "adapt.txt").write_text("\n".join(lines) + "\n")
         adapt = "adapt.txt"
     pipeline = root / "images.toml"
-    pipeline.write_text(VISION.format(adapt=adapt))
+    pipeline.write_text(
+        tiny_pipeline("images", backbone=resnet18(2), data=image_folder(adapt=adapt))
+    )
     target = root / "images" / ("adapt.txt" if listed else f"test/b/img1{suffix}")
     data = root / "data"
     return Scenario(target, ["extract", str(pipeline), "-d", str(data)], data)

@@ -16,6 +16,15 @@ import pytest
 import torch
 from cli_runner import etn
 from sklearn.metrics import average_precision_score
+from tiny_pipeline import (
+    BOTH_OOD,
+    SMALL_ETN,
+    TINY_MCQA,
+    causal_lm,
+    fake_data,
+    resnet18,
+    tiny_pipeline,
+)
 
 import etn_cli
 from etn_cli.errors import EtnError
@@ -23,31 +32,13 @@ from etn_cli.planning.pipeline import load_pipeline
 from etn_cli.planning.plan import make_plan, open_source
 from etn_cli.store.reading.reader import read_split
 
-DIGITS = """
-name = "{name}"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-layers = ["features.1"]
-odin = true
-[data]
-id = "digits"
-ood = ["digits_unseen", "digits_noise"]
-[[heads]]
-name = "etn"
-epochs = {etn_epochs}
-batch_size = 64
-[[heads]]
-name = "map"
-[[heads]]
-name = "mahalanobis"
-[[heads]]
-name = "odin"
-[[heads]]
-name = "dmm"
-epochs = 2
-"""
+
+def digits_text(etn_epochs: int) -> str:
+    return tiny_pipeline(
+        backbone={"epochs": 3, "layers": ["features.1"], "odin": True}, data={"ood": BOTH_OOD},
+        heads=({"name": "etn", "epochs": etn_epochs, "batch_size": 64}, "map", "mahalanobis",
+               "odin", {"name": "dmm", "epochs": 2}),
+    )  # fmt: skip
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -81,7 +72,7 @@ def assert_rows_match(frame: pl.DataFrame, prediction, letters=None, atol: float
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("digits")
-    pipeline = write(root, "tiny", DIGITS.format(name="tiny", etn_epochs=2))
+    pipeline = write(root, "tiny", digits_text(2))
     code, output = etn("run", pipeline, "--data-dir", root / "data")
     assert code == 0, output
     plan = make_plan(load_pipeline(pipeline), root / "data")
@@ -145,10 +136,10 @@ def test_load_head_explains_missing_ambiguous_and_untrained_heads(digits, tmp_pa
         etn_cli.load_head(pipeline=pipeline, head="etm", data_dir=data)
     with pytest.raises(EtnError, match=r"has seeds \[0\], not 3"):
         etn_cli.load_head(pipeline=pipeline, head="etn", seed=3, data_dir=data)
-    untrained = write(tmp_path, "tiny", DIGITS.format(name="tiny", etn_epochs=5))
+    untrained = write(tmp_path, "tiny", digits_text(5))
     with pytest.raises(EtnError, match=r"is not trained.*Run `etn train"):
         etn_cli.load_head(pipeline=untrained, head="etn", data_dir=data)
-    twice = DIGITS.format(name="tiny", etn_epochs=2) + '[[heads]]\nname = "etn"\nepochs = 3\n'
+    twice = digits_text(2) + '[[heads]]\nname = "etn"\nepochs = 3\n'
     with pytest.raises(EtnError, match=r"'etn' is ambiguous.*ETN.*Pass one of these"):
         etn_cli.load_head(pipeline=write(tmp_path, "twice", twice), head="etn", data_dir=data)
     unit = next(u for u in plan.heads if u.head.name == "etn")
@@ -260,7 +251,7 @@ def test_bad_predict_requests_are_one_line_errors_and_write_nothing(digits, tmp_
     out = tmp_path / "p.parquet"
     questions = tmp_path / "q.jsonl"
     questions.write_text('{"question": "?", "choices": ["a", "b", "c", "d"]}\n')
-    untrained = write(tmp_path, "tiny", DIGITS.format(name="tiny", etn_epochs=5))
+    untrained = write(tmp_path, "tiny", digits_text(5))
     cases = [
         ((pipeline, "digits:test", "--head", "etm"), r"no head 'etm'\. Did you mean: etn"),
         ((untrained, "digits:test"), r"is not trained.*Run `etn train"),
@@ -320,27 +311,10 @@ def test_the_wrapper_runs_the_digits_cnn_once_and_equals_extract_then_predict(di
 
 
 # ------------------------------------------------------------------------- torchvision
-VISION = """
-name = "tv"
-seeds = [0]
-[backbone]
-name = "torchvision"
-model = "resnet18"
-weights = "none"
-num_classes = 4
-[data]
-id = "fake"
-ood = ["fake:ood"]
-batch_size = 8
-[data.options.fake]
-size = 10
-image_size = 32
-num_classes = 4
-[[heads]]
-name = "etn"
-epochs = 2
-batch_size = 8
-"""
+VISION = tiny_pipeline(
+    "tv", backbone=resnet18(4), data=fake_data(size=10, image_size=32),
+    heads=({"name": "etn", "epochs": 2, "batch_size": 8},),
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -429,29 +403,11 @@ def llm(tmp_path_factory: pytest.TempPathFactory):
 
     root = tmp_path_factory.mktemp("llm")
     model = make_llama(root / "llama")
-    pipeline = write(
-        root,
-        "lm",
-        f"""name = "lm"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{model}"
-dtype = "float32"
-[data]
-id = "tiny_mcqa"
-adapt = "validation"
-ood = ["tiny_mcqa_ood"]
-batch_size = 16
-[[heads]]
-name = "etn"
-depth = 3
-width = 32
-epochs = 2
-batch_size = 8
-prior_mode = 100
-""",
+    heads = (SMALL_ETN,)
+    text = tiny_pipeline(
+        "lm", backbone=causal_lm(model), data=TINY_MCQA | {"batch_size": 16}, heads=heads
     )
+    pipeline = write(root, "lm", text)
     code, output = etn("run", pipeline, "--data-dir", root / "data")
     assert code == 0, output
     return pipeline, root / "data", make_plan(load_pipeline(pipeline), root / "data"), model

@@ -27,6 +27,7 @@ import pytest
 import torch
 from cli_runner import without_progress
 from llm_fixtures import make_adapter, make_llama
+from tiny_pipeline import TINY_MCQA, causal_lm, fake_data, resnet18, tiny_pipeline
 
 from etn_cli.cli.app import main
 from etn_cli.stages.run import run_pipeline
@@ -34,37 +35,25 @@ from etn_cli.store.reading.reader import write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
-DIGITS = """
-name = "{name}"
-seeds = [0]
-[backbone]
-name = "{backbone}"
-epochs = 2
-[data]
-id = "{id}"
-adapt = "{adapt}"
-ood = [{ood}]
-batch_size = 64
-[[heads]]
-name = "map"
-[[heads]]
-name = "{head}"
-epochs = 2
-batch_size = 64
-"""
-DEFAULTS = {
-    "name": "bad",
-    "backbone": "digits_cnn",
-    "id": "digits",
-    "adapt": "adapt",
-    "ood": '"digits_noise"',
-    "head": "etn",
-}
 
-
-def digits_pipeline(folder: Path, extra: str = "", **fields: str) -> Path:
+def digits_pipeline(
+    folder: Path,
+    extra: str = "",
+    *,
+    name: str = "bad",
+    backbone: str = "digits_cnn",
+    id: str = "digits",
+    adapt: str = "adapt",
+    ood: str = "digits_noise",
+    head: str = "etn",
+) -> Path:
+    """The digits pipeline with one thing wrong: a name, a split, or ``extra`` lines of the
+    last head's settings."""
+    data = {"id": id, "adapt": adapt, "ood": [ood], "batch_size": 64}
+    heads = ("map", {"name": head, "epochs": 2, "batch_size": 64})
     path = folder / "bad.toml"
-    path.write_text(DIGITS.format(**(DEFAULTS | fields)) + extra)
+    text = tiny_pipeline(name, backbone={"name": backbone, "epochs": 2}, data=data, heads=heads)
+    path.write_text(text + extra)
     return path
 
 
@@ -159,13 +148,10 @@ def byof_pipeline(tmp: Path, **folders: dict) -> Path:
     return path
 
 
-def llm_pipeline(tmp: Path, model: Path, extra: str = "") -> Path:
+def llm_pipeline(tmp: Path, model: Path, **backbone: object) -> Path:
     path = tmp / "llm.toml"
-    path.write_text(
-        f'name = "llm"\nseeds = [0]\n[backbone]\nname = "hf_causal_lm"\nmodel = "{model}"\n'
-        f'dtype = "float32"\n{extra}\n[data]\nid = "tiny_mcqa"\nadapt = "validation"\n'
-        'ood = ["tiny_mcqa_ood"]\nbatch_size = 16\n[[heads]]\nname = "map"\n'
-    )
+    data = TINY_MCQA | {"batch_size": 16}
+    path.write_text(tiny_pipeline("llm", backbone=causal_lm(model, **backbone), data=data))
     return path
 
 
@@ -243,10 +229,9 @@ def _pickled_model(tmp: Path, request: pytest.FixtureRequest) -> Path:
 
     torch.save(torchvision.models.resnet18(num_classes=4), tmp / "model.pt")  # a whole module
     path = tmp / "vision.toml"
+    backbone = resnet18(None, weights="model.pt")  # the class count from the saved module
     path.write_text(
-        'name = "vision"\nseeds = [0]\n[backbone]\nname = "torchvision"\nmodel = "resnet18"\n'
-        'weights = "model.pt"\n[data]\nid = "fake"\nood = ["fake:ood"]\n[data.options.fake]\n'
-        'size = 4\nnum_classes = 4\n[[heads]]\nname = "map"\n'
+        tiny_pipeline("vision", backbone=backbone, data=fake_data(size=4, batch_size=None))
     )
     return path
 
@@ -261,13 +246,13 @@ def _remote_code(tmp: Path, request: pytest.FixtureRequest) -> Path:
 
 def _not_single_tokens(tmp: Path, request: pytest.FixtureRequest) -> Path:
     llama = request.getfixturevalue("llama")
-    return llm_pipeline(tmp, llama, 'letters = ["W", "X", "Y", "Z"]')
+    return llm_pipeline(tmp, llama, letters=["W", "X", "Y", "Z"])
 
 
 def _foreign_adapter(tmp: Path, request: pytest.FixtureRequest) -> Path:
     llama = request.getfixturevalue("llama")
     wider = make_adapter(make_llama(tmp / "wider", hidden=48), tmp / "adapter")
-    return llm_pipeline(tmp, llama, f'adapter = "{wider}"')
+    return llm_pipeline(tmp, llama, adapter=wider)
 
 
 CASES: dict[str, Case] = {
@@ -284,7 +269,7 @@ CASES: dict[str, Case] = {
     ),
     "unknown OOD dataset": Case(
         "extract",
-        lambda tmp, r: digits_pipeline(tmp, ood='"digits_unsen"'),
+        lambda tmp, r: digits_pipeline(tmp, ood="digits_unsen"),
         ("Unknown dataset 'digits_unsen'", "Did you mean: digits_unseen", "Available:"),
     ),
     "unknown head": Case(
@@ -299,7 +284,7 @@ CASES: dict[str, Case] = {
     ),
     "unknown OOD split": Case(
         "extract",
-        lambda tmp, r: digits_pipeline(tmp, ood='"digits_noise:tset"'),
+        lambda tmp, r: digits_pipeline(tmp, ood="digits_noise:tset"),
         ("'digits_noise' has no split 'tset'", "Did you mean 'test'?", "Available: test"),
     ),
     "unknown top-level key": Case(
@@ -392,7 +377,7 @@ CASES: dict[str, Case] = {
     ),
     "dataset name with ..": Case(
         "extract",
-        lambda tmp, r: digits_pipeline(tmp, ood='"../digits"'),
+        lambda tmp, r: digits_pipeline(tmp, ood="../digits"),
         ("Unknown dataset '../digits'", "Available:"),
     ),
     "head name with /": Case(

@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 from scipy.special import softmax
 from sklearn.metrics import roc_auc_score
+from tiny_pipeline import tiny_pipeline
 
 from etn_cli.backbones import digits_cnn
 from etn_cli.datasets import datasets
@@ -341,11 +342,8 @@ def test_odin_temperature_fixed_by_the_backbone_is_refused_in_one_line(tmp_path,
     from etn_cli.planning.plan import make_plan
 
     pipeline = tmp_path / "odin.toml"
-    pipeline.write_text(
-        'name = "odin"\nseeds = [0]\n[backbone]\nname = "digits_cnn"\nodin = true\n'
-        '[data]\nid = "digits"\n[[heads]]\nname = "odin"\n'
-        f"{temperature}\n"
-    )
+    odin = {"backbone": {"epochs": None, "odin": True}, "data": {"ood": None}, "heads": ("odin",)}
+    pipeline.write_text(tiny_pipeline("odin", **odin) + f"{temperature}\n")
     with pytest.raises(EtnError, match="'temperature' = 10(.0)? would be ignored") as err:
         make_plan(load_pipeline(pipeline), tmp_path / "data")
     assert "odin_temperature in [backbone]" in str(err.value) and "\n" not in str(err.value)

@@ -11,30 +11,13 @@ import numpy as np
 import polars as pl
 import pytest
 from cli_runner import etn, unstamped
+from tiny_pipeline import calibrated_pair, tiny_pipeline
 
 from etn_cli.metrics.evaluation import ECE_BINS, expected_calibration_error
 from etn_cli.metrics.reliability import reliability_bins
 from etn_cli.report.reliability import pooled_bins
 
-PIPELINE = """
-name = "cal"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[[heads]]
-name = "map"
-[[heads]]
-name = "etn"
-epochs = 3
-[[heads]]
-name = "etn"
-epochs = 3
-calibrate = "temperature"
-"""
+PIPELINE = tiny_pipeline("cal", backbone={"epochs": 3}, heads=("map", *calibrated_pair(3)))
 
 
 @pytest.fixture(scope="module")

@@ -11,36 +11,20 @@ import h5py
 import numpy as np
 import polars as pl
 import pytest
+import tiny_pipeline as tiny
 from cli_runner import etn, without_progress
 
 from etn_cli.errors import EtnError
 from etn_cli.planning.pipeline import load_pipeline
 from etn_cli.planning.plan import make_plan
 
-TINY = """
-name = "{name}"
-seeds = [0, 1]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-[data]
-id = "digits"
-ood = ["digits_unseen", "digits_noise"]
-[[heads]]
-name = "etn"
-epochs = {etn_epochs}
-batch_size = 64
-[[heads]]
-name = "map"
-[[heads]]
-name = "mahalanobis"
-"""
-
 
 def write_pipeline(folder: Path, name: str = "tiny", etn_epochs: int = 3) -> Path:
-    path = folder / f"{name}.toml"
-    path.write_text(TINY.format(name=name, etn_epochs=etn_epochs))
-    return path
+    etn = {"name": "etn", "epochs": etn_epochs, "batch_size": 64}
+    return tiny.write_pipeline(
+        folder, name, seeds=(0, 1), backbone={"epochs": 3}, data={"ood": tiny.BOTH_OOD},
+        heads=(etn, "map", "mahalanobis"),
+    )  # fmt: skip
 
 
 def unit_files(data: Path) -> dict[Path, int]:
@@ -126,8 +110,8 @@ def test_report_reads_parquet_files_directly(finished: tuple[Path, Path, str]) -
 def test_a_bad_pipeline_refuses_the_batch_before_any_work(tmp_path: Path, finished) -> None:
     _, data, _ = finished
     write_pipeline(tmp_path, "good")
-    bad = tmp_path / "bad.toml"
-    bad.write_text(TINY.format(name="bad", etn_epochs=3).replace('name = "map"', 'name = "mpa"'))
+    bad = write_pipeline(tmp_path, "bad")
+    bad.write_text(bad.read_text().replace('name = "map"', 'name = "mpa"'))
     with pytest.raises(EtnError, match="Unknown head 'mpa'. Did you mean: map?"):
         etn("run", tmp_path, "--data-dir", data)
     assert not (data / "metrics" / "good").exists()

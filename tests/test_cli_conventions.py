@@ -20,6 +20,7 @@ import polars as pl
 import pytest
 from cli_runner import STAMP
 from conftest import QuickStart
+from tiny_pipeline import tiny_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
@@ -160,18 +161,7 @@ def test_more_usage_errors_in_process(
     assert not (tmp_path / "data").exists()
 
 
-DIGITS = """
-name = "bad"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[[heads]]
-name = "etn"
-epochs = 2
-"""
+DIGITS = tiny_pipeline("bad", backbone={"epochs": None}, heads=({"name": "etn", "epochs": 2},))
 
 
 @pytest.mark.parametrize(

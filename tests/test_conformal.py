@@ -11,6 +11,8 @@ import numpy as np
 import polars as pl
 import pytest
 from cli_runner import etn
+from test_cli_conventions import write_shards
+from tiny_pipeline import tiny_pipeline
 
 from etn_cli.datasets.base import held_out
 from etn_cli.metrics.conformal import (
@@ -93,31 +95,18 @@ def test_the_held_out_part_is_seeded_and_never_empty_or_everything():
     assert held_out(3, 0.01, 0).sum() == 1 and held_out(3, 0.99, 0).sum() == 2
 
 
-PIPELINE = """
-name = "conf"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[conformal]
-method = "{method}"
-{extra}
-[[heads]]
-name = "map"
-"""
+def conformal(method: str, **extra: object) -> str:
+    return tiny_pipeline("conf", backbone={"epochs": 3}, conformal={"method": method, **extra})
 
 
-def _run(tmp_path, method: str, extra: str = "") -> tuple[int, str, object]:
-    (tmp_path / "conf.toml").write_text(PIPELINE.format(method=method, extra=extra))
+def _run(tmp_path, method: str, **extra: object) -> tuple[int, str, object]:
+    (tmp_path / "conf.toml").write_text(conformal(method, **extra))
     code, output = etn("run", tmp_path / "conf.toml", "-d", tmp_path / "data", "-q")
     return code, output, tmp_path / "data"
 
 
 def test_a_pipeline_holds_out_part_of_the_adaptation_split_and_reports_sets(tmp_path):
-    code, output, data = _run(tmp_path, "lac", "holdout = 0.25")
+    code, output, data = _run(tmp_path, "lac", holdout=0.25)
     assert code == 0, output
     (metrics,) = (data / "metrics" / "conf").glob("*.parquet")
     frame = pl.read_parquet(metrics)
@@ -141,7 +130,7 @@ def test_a_pipeline_holds_out_part_of_the_adaptation_split_and_reports_sets(tmp_
 
 
 def test_calibrating_on_the_test_split_measures_on_its_other_rows(tmp_path):
-    code, output, data = _run(tmp_path, "raps", 'split = "test"\nholdout = 0.5')
+    code, output, data = _run(tmp_path, "raps", split="test", holdout=0.5)
     assert code == 0, output
     (rows,) = (data / "predictions" / "conf").glob("*.parquet")
     test = pl.read_parquet(rows).filter(task="id")
@@ -151,30 +140,16 @@ def test_calibrating_on_the_test_split_measures_on_its_other_rows(tmp_path):
 
 
 def test_an_unknown_conformal_method_or_key_is_one_line_and_exit_2(tmp_path):
-    for extra, expected in (("", "expected one of 'lac', 'aps', 'raps', got 'rasp'"),
-                            ("alhpa = 0.1", "Did you mean 'alpha'?")):  # fmt: skip
+    for extra, expected in (({}, "expected one of 'lac', 'aps', 'raps', got 'rasp'"),
+                            ({"alhpa": 0.1}, "Did you mean 'alpha'?")):  # fmt: skip
         method = "rasp" if not extra else "raps"
-        (tmp_path / "conf.toml").write_text(PIPELINE.format(method=method, extra=extra))
+        (tmp_path / "conf.toml").write_text(conformal(method, **extra))
         done = subprocess.run(
             [sys.executable, "-m", "etn_cli", "run", tmp_path / "conf.toml", "--dry-run"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert done.returncode == 2 and expected in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
-
-
-def _shards(folder, rng: np.random.Generator, n: int) -> None:
-    import h5py
-
-    folder.mkdir(parents=True)
-    labels = rng.integers(0, 3, n)
-    hidden = np.eye(3, 8)[labels] * 4 + rng.normal(size=(n, 8))
-    with h5py.File(folder / "shard-00000.h5", "w") as f:
-        f.attrs["etn_format"] = 1
-        f["hidden"] = hidden.astype(np.float32)
-        f["logits"] = (hidden[:, :3] * 2).astype(np.float32)
-        f["labels"] = labels.astype(np.int64)
-        f["index"] = np.arange(n, dtype=np.int64)
 
 
 def test_own_features_calibrate_on_a_folder_or_the_test_split_never_the_fitted_rows(tmp_path):
@@ -184,7 +159,7 @@ def test_own_features_calibrate_on_a_folder_or_the_test_split_never_the_fitted_r
 
     rng = np.random.default_rng(0)
     for name in ("adapt", "test", "calib"):
-        _shards(tmp_path / name, rng, 40)
+        write_shards(tmp_path / name, rng, 40, 0)
     base = '[features]\nadapt = "adapt"\ntest = "test"\n[[heads]]\nname = "map"\n[conformal]\n'
     for extra, calibration in (('split = "calib"', tmp_path / "calib"), ('split = "test"', None)):
         (tmp_path / "own.toml").write_text(base + extra)
@@ -199,7 +174,7 @@ def _own_pipeline(tmp_path, split: str) -> object:
     rng = np.random.default_rng(0)
     for name in ("adapt", "test"):
         if not (tmp_path / name).exists():
-            _shards(tmp_path / name, rng, 40)
+            write_shards(tmp_path / name, rng, 40, 0)
     (tmp_path / "own.toml").write_text(
         '[features]\nadapt = "adapt"\ntest = "test"\n[[heads]]\nname = "map"\n'
         f'[conformal]\nsplit = "{split}"\n'
@@ -227,7 +202,7 @@ def test_calibration_folder_of_unlabelled_rows_is_refused_in_one_line(tmp_path):
     import h5py
 
     pipeline = _own_pipeline(tmp_path, "calib")
-    _shards(tmp_path / "calib", np.random.default_rng(2), 30)
+    write_shards(tmp_path / "calib", np.random.default_rng(2), 30, 0)
     with h5py.File(tmp_path / "calib" / "shard-00000.h5", "r+") as f:
         f["labels"][...] = -1  # what an unlabelled OOD or image `ood` folder holds
     code, output = etn("run", pipeline, "-d", tmp_path / "d", "-q")
@@ -280,7 +255,7 @@ def test_too_few_calibration_rows_for_alpha_are_said_on_stderr(tmp_path, capsys)
 
     rng = np.random.default_rng(5)
     for name, n in (("adapt", 40), ("test", 40), ("calib", 5)):  # 5 < ceil(1 / 0.1) - 1
-        _shards(tmp_path / name, rng, n)
+        write_shards(tmp_path / name, rng, n, 0)
     (tmp_path / "own.toml").write_text(
         '[features]\nadapt = "adapt"\ntest = "test"\n[[heads]]\nname = "map"\n'
         '[conformal]\nsplit = "calib"\n'

@@ -19,34 +19,22 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from cli_runner import checksums, etn, fresh_data
+from cli_runner import checksums, etn, finished_run, fresh_data
+from tiny_pipeline import tiny_pipeline
 from torch.utils.data import DataLoader, Dataset
 
 from etn_cli.errors import EtnError
 from etn_cli.stages.extract_batches import batches_in
-from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.verify import verify
 from etn_cli.store.reading.reader import read_split
 from etn_cli.store.writing.pieces import Layout
 from etn_cli.store.writing.writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
-PIPELINE = """
-name = "tiny"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-layers = ["features.3", "features.1"]
-odin = true
-[data]
-id = "digits"
-ood = ["digits_noise"]
-batch_size = 16
-shard_rows = {shard_rows}
-[[heads]]
-name = "map"
-"""
+PIPELINE = tiny_pipeline(
+    backbone={"layers": ["features.3", "features.1"], "odin": True},
+    data={"ood": ["digits_noise"], "batch_size": 16, "shard_rows": 40},
+)
 SPLITS = ("digits.adapt-", "digits.test-", "digits_noise.test-")
 POISON_LAST_TEST_IMAGE = """
 import sys
@@ -100,12 +88,7 @@ main()
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A single-process ``etn run``: (pipeline file, data dir)."""
-    root = tmp_path_factory.mktemp("single")
-    pipeline = root / "tiny.toml"
-    pipeline.write_text(PIPELINE.format(shard_rows=40))
-    outcome = run_pipeline(pipeline, root / "data")
-    assert outcome.ok, outcome.message
-    return pipeline, root / "data"
+    return finished_run(tmp_path_factory.mktemp("single"), PIPELINE)
 
 
 def torchrun(*args: str | Path, script: Path | None = None) -> subprocess.CompletedProcess:
@@ -164,7 +147,7 @@ def test_bad_data_on_one_rank_fails_every_rank_and_a_rank_without_batches_takes_
     """One batch per split: rank 0 has nothing to extract, rank 1 everything. The adapt split
     is merged from rank 1 alone; the test split's batch holds a NaN image, so both fail."""
     pipeline = tmp_path / "one_batch.toml"
-    text = PIPELINE.format(shard_rows=40).replace("batch_size = 16", "batch_size = 512")
+    text = PIPELINE.replace("batch_size = 16", "batch_size = 512")
     pipeline.write_text(text)
     data = fresh_data(tmp_path, reference)
     script = tmp_path / "poisoned.py"

@@ -12,6 +12,7 @@ import pytest
 import torch
 from cli_runner import etn
 from safetensors.torch import load_file
+from tiny_pipeline import fake_data, resnet18, tiny_pipeline
 
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
 from etn_cli.errors import EtnError
@@ -20,47 +21,17 @@ from etn_cli.planning.plan import make_plan, open_source
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 
-PIPELINE = """
-name = "tinyvision"
-seeds = [0]
-[backbone]
-name = "torchvision"
-model = "resnet18"
-weights = "none"
-num_classes = 4
-[data]
-id = "fake"
-ood = ["fake:ood"]
-batch_size = 8
-[data.options.fake]
-size = 12
-image_size = 16
-num_classes = 4
-{finetune}
-[[heads]]
-name = "map"
-[[heads]]
-name = "etn"
-epochs = 2
-batch_size = 8
-[[heads]]
-name = "mahalanobis"
-[[heads]]
-name = "energy"
-"""
-FINETUNE = """
-[finetune]
-split = "train"
-epochs = 1
-batch_size = 8
-lr = {lr}
-"""
+HEADS = ("map", {"name": "etn", "epochs": 2, "batch_size": 8}, "mahalanobis", "energy")
+FINETUNE = {"split": "train", "epochs": 1, "batch_size": 8}
 
 
-def write(folder: Path, finetune_table: str | None = FINETUNE, lr: float = 1e-3) -> Path:
+def write(folder: Path, finetune: dict | None = FINETUNE, lr: float = 1e-3, **data) -> Path:
+    tables = {"finetune": finetune | {"lr": lr}} if finetune else {}
+    data = fake_data(size=12, image_size=16) | data
     path = folder / "tiny.toml"
-    table = finetune_table.format(lr=lr) if finetune_table else ""
-    path.write_text(PIPELINE.format(finetune=table))
+    path.write_text(
+        tiny_pipeline("tinyvision", backbone=resnet18(4), data=data, heads=HEADS, **tables)
+    )
     return path
 
 
@@ -174,7 +145,7 @@ def test_fine_tuning_is_reproducible_under_its_seed(finished, tmp_path: Path) ->
 
 
 def test_a_diverging_fine_tune_leaves_nothing_behind(tmp_path: Path) -> None:
-    diverging = FINETUNE.replace("epochs = 1", 'epochs = 4\noptimizer = "sgd"')  # lr = 1e6
+    diverging = FINETUNE | {"epochs": 4, "optimizer": "sgd"}  # lr = 1e6
     plan = make_plan(load_pipeline(write(tmp_path, diverging, lr=1e6)), tmp_path / "data")
     with pytest.raises(EtnError, match="loss became nan.*nothing was saved"):
         finetune(plan)
@@ -190,7 +161,7 @@ def test_extract_before_finetune_says_what_to_run(tmp_path: Path) -> None:
 
 
 def test_unknown_finetune_settings_are_refused_while_planning(tmp_path: Path) -> None:
-    path = write(tmp_path, FINETUNE + "epoch = 3\n")
+    path = write(tmp_path, FINETUNE | {"epoch": 3})
     with pytest.raises(EtnError, match="Unknown key 'epoch'.*Did you mean 'epochs'"):
         make_plan(load_pipeline(path), tmp_path / "data")
 
@@ -201,13 +172,8 @@ def test_finetune_without_a_table_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_missing_dataset_files_stop_the_run_before_anything_is_written(tmp_path: Path) -> None:
-    path = tmp_path / "cifar.toml"
-    path.write_text(
-        PIPELINE.format(finetune=FINETUNE.format(lr=1e-3))
-        .replace('id = "fake"', 'id = "cifar10"\nroot = "datasets"')
-        .replace('ood = ["fake:ood"]', 'ood = ["svhn"]')
-        .replace("[data.options.fake]\nsize = 12\nimage_size = 16\nnum_classes = 4\n", "")
-    )
+    cifar = {"id": "cifar10", "root": "datasets", "ood": ["svhn"], "options": None}
+    path = write(tmp_path, **cifar)
     with pytest.raises(EtnError) as refused:  # the entry point makes it one line, exit 2
         etn("run", path, "--data-dir", tmp_path / "data", "--device", "cpu")
     assert "cifar-10-batches-py" in str(refused.value) and "download = true" in str(refused.value)

@@ -11,39 +11,24 @@ import numpy as np
 import polars as pl
 import pytest
 from cli_runner import etn
+from tiny_pipeline import BOTH_OOD, tiny_pipeline
 
 from etn_cli.datasets.digits import id_split_rows
 from etn_cli.store.reading.reader import read_split
 
-PIPELINE = """
-name = "fitted"
-seeds = [0, 1]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-[data]
-id = "digits"
-ood = ["digits_unseen", "digits_noise"]
-fit = "train"
-fit_rows = {rows}
-[data.groups]
-semantic = ["digits_unseen"]
-covariate = ["digits_noise"]
-[[heads]]
-name = "msp"
-[[heads]]
-name = "knn"
-k = 5
-[[heads]]
-name = "vim"
-"""
+
+def fitted(rows: int) -> str:
+    groups = {"semantic": ["digits_unseen"], "covariate": ["digits_noise"]}
+    data = {"ood": BOTH_OOD, "fit": "train", "fit_rows": rows, "groups": groups}
+    heads = ("msp", {"name": "knn", "k": 5}, "vim")
+    return tiny_pipeline("fitted", seeds=(0, 1), backbone={"epochs": 3}, data=data, heads=heads)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     root = tmp_path_factory.mktemp("fit")
     pipeline = root / "fitted.toml"
-    pipeline.write_text(PIPELINE.format(rows=120))
+    pipeline.write_text(fitted(120))
     code, output = etn("run", pipeline, "-d", root / "data", "-f", "md", "--metric", "auroc")
     assert code == 0, output
     return pipeline, root / "data", output
@@ -86,7 +71,7 @@ def test_the_report_names_the_fit_splits_and_averages_each_group(run) -> None:
 
 def test_a_new_fit_rows_refits_only_the_heads_that_read_it(run, tmp_path: Path) -> None:
     pipeline, data, _ = run
-    pipeline.write_text(PIPELINE.format(rows=90))
+    pipeline.write_text(fitted(90))
     code, output = etn("run", pipeline, "-d", data)
     assert code == 0, output
     assert "extract: 1 built, 5 up to date" in output  # 4 splits and the classifier kept

@@ -11,13 +11,13 @@ through the installed entry point once per module.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_runner import etn_process as etn
 
 from etn_cli.errors import EtnError
 
@@ -285,11 +285,6 @@ def test_hf_errors_say_what_is_missing_and_how_to_get_it(
 
 
 # -- the examples, through the entry point ---------------------------------------------------
-
-
-def etn(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "etn_cli", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

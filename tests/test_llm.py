@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from llm_fixtures import make_adapter, make_gemma2, make_llama, write_jsonl
+from tiny_pipeline import SMALL_ETN, TINY_MCQA, causal_lm, tiny_pipeline
 
 from etn_cli.backbones import backbones
 from etn_cli.backbones.hf_lm import CausalLMBackbone, Config
@@ -483,31 +484,10 @@ def test_a_pipeline_over_the_tiny_llm_runs_end_to_end(llama, tmp_path):
     from etn_cli.cli.app import app
 
     pipeline = tmp_path / "tiny_llm.toml"
+    etn = SMALL_ETN | {"epochs": 3, "schedule": "cosine", "warmup_fraction": 0.1}
+    data = TINY_MCQA | {"test": "test", "batch_size": 16}
     pipeline.write_text(
-        f"""name = "tiny_llm"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{llama}"
-dtype = "float32"
-[data]
-id = "tiny_mcqa"
-adapt = "validation"
-test = "test"
-ood = ["tiny_mcqa_ood"]
-batch_size = 16
-[[heads]]
-name = "map"
-[[heads]]
-name = "etn"
-depth = 3
-width = 32
-epochs = 3
-batch_size = 8
-prior_mode = 100
-schedule = "cosine"
-warmup_fraction = 0.1
-"""
+        tiny_pipeline("tiny_llm", backbone=causal_lm(llama), data=data, heads=("map", etn))
     )
     result = CliRunner().invoke(app, ["run", str(pipeline), "--data-dir", str(tmp_path / "d")])
     assert result.exit_code == 0, result.output
@@ -527,26 +507,9 @@ def test_a_finetune_table_trains_a_lora_adapter_that_extract_then_uses(llama, tm
     from etn_cli.cli.app import app
 
     pipeline = tmp_path / "tiny_lora.toml"
-    pipeline.write_text(
-        f"""name = "tiny_lora"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{llama}"
-dtype = "float32"
-[finetune]
-split = "train"
-epochs = 1
-lr = 1e-2
-lora_rank = 4
-[data]
-id = "tiny_mcqa"
-adapt = "validation"
-ood = ["tiny_mcqa_ood"]
-[[heads]]
-name = "map"
-"""
-    )
+    finetune = {"split": "train", "epochs": 1, "lr": 1e-2, "lora_rank": 4}
+    text = tiny_pipeline("tiny_lora", backbone=causal_lm(llama), data=TINY_MCQA, finetune=finetune)
+    pipeline.write_text(text)
     data_dir = tmp_path / "d"
     result = CliRunner().invoke(app, ["run", str(pipeline), "--data-dir", str(data_dir)])
     assert result.exit_code == 0, result.output

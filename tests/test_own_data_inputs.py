@@ -16,27 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tiny_pipeline as tiny
 import torch
 from llm_fixtures import make_llama, write_jsonl
 from PIL import Image
 from test_bad_inputs import Case, check_case, etn
 
-VISION = """name = "mine"
-seeds = [0]
-[backbone]
-name = "torchvision"
-model = "resnet18"
-weights = "none"
-num_classes = 3
-{backbone}
-[data]
-id = "image_folder"
-root = "images"
-ood = ["image_folder:ood"]
-{data}
-[[heads]]
-name = "map"
-"""
 GOOD_TREE = {"adapt": {"a": 2, "b": 2, "c": 2}, "test": {"a": 2, "b": 2, "c": 2}, "ood": 3}
 
 
@@ -58,10 +43,11 @@ def image_tree(root: Path, tree: dict) -> None:
                 write_images(root / split / name, count, seed=count)
 
 
-def vision(tmp: Path, tree: dict | None = None, backbone: str = "", data: str = "") -> Path:
+def vision(tmp: Path, tree: dict | None = None, backbone: dict = {}, data: dict = {}) -> Path:  # noqa: B006
     image_tree(tmp / "images", GOOD_TREE if tree is None else tree)
     path = tmp / "vision.toml"
-    path.write_text(VISION.format(backbone=backbone, data=data))
+    data = tiny.image_folder(adapt=None, test=None, ood=["image_folder:ood"]) | data
+    path.write_text(tiny.tiny_pipeline("mine", backbone=tiny.resnet18(3, **backbone), data=data))
     return path
 
 
@@ -79,7 +65,7 @@ def unreadable_image(split: str) -> Callable[[Path, pytest.FixtureRequest], Path
 
 def image_list(lines: str) -> Callable[[Path, pytest.FixtureRequest], Path]:
     def setup(tmp: Path, request: pytest.FixtureRequest) -> Path:
-        path = vision(tmp, data='adapt = "adapt.txt"')
+        path = vision(tmp, data={"adapt": "adapt.txt"})
         (tmp / "images" / "adapt.txt").write_text(lines)
         return path
 
@@ -93,24 +79,7 @@ def torchscript_with_features(tmp: Path, request: pytest.FixtureRequest) -> Path
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated, not removed
         model = torch.jit.script(torchvision.models.resnet18(num_classes=3).eval())
         torch.jit.save(model, str(tmp / "model.ts"))
-    return vision(tmp, backbone='checkpoint = "model.ts"\nfeatures = "avgpool"')
-
-
-QUESTIONS = """name = "questions"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{model}"
-dtype = "float32"
-{backbone}
-[data]
-id = "mcqa_jsonl"
-root = "questions"
-adapt = "adapt.jsonl"
-test = "test.jsonl"
-[[heads]]
-name = "map"
-"""
+    return vision(tmp, backbone={"checkpoint": "model.ts", "features": "avgpool"})
 
 
 def question(i: int, choices: int = 4, answer: bool = True) -> dict:
@@ -119,7 +88,7 @@ def question(i: int, choices: int = 4, answer: bool = True) -> dict:
 
 
 def questions(
-    adapt: list[dict] | None = None, backbone: str = "", test_lines: str | None = None
+    adapt: list[dict] | None = None, backbone: dict | None = None, test_lines: str | None = None
 ) -> Callable:
     """A fresh data directory and question files: ``adapt`` as records, ``test_lines`` (if
     given) as the raw text of test.jsonl."""
@@ -131,7 +100,8 @@ def questions(
         if test_lines is not None:
             (tmp / "questions" / "test.jsonl").write_text(test_lines)
         path = tmp / "questions.toml"
-        path.write_text(QUESTIONS.format(model=llama, backbone=backbone))
+        lm = tiny.causal_lm(llama, **(backbone or {}))
+        path.write_text(tiny.tiny_pipeline("questions", backbone=lm, data=tiny.questions()))
         return path
 
     return setup
@@ -213,7 +183,7 @@ CASES: dict[str, Case] = {
         lambda tmp, r: vision(
             tmp,
             {**GOOD_TREE, "test": {"a": 2, "b": 2, "c": 2, "zebra": 1}},
-            data='options.image_folder.classes = ["a", "b", "c"]',
+            data={"options": {"image_folder": {"classes": ["a", "b", "c"]}}},
         ),
         ("test has sub-folders that are not among the 3 classes: zebra", "add them to classes"),
     ),
@@ -224,12 +194,12 @@ CASES: dict[str, Case] = {
     ),
     "a split folder that does not exist": Case(
         "extract",
-        lambda tmp, r: vision(tmp, data='adapt = "adpt"'),
+        lambda tmp, r: vision(tmp, data={"adapt": "adpt"}),
         ("has no split 'adpt'", "Did you mean 'adapt'?", "Available: adapt, ood, test"),
     ),
     "a class file that does not exist": Case(
         "extract",
-        lambda tmp, r: vision(tmp, data='options.image_folder.classes = "names.txt"'),
+        lambda tmp, r: vision(tmp, data={"options": {"image_folder": {"classes": "names.txt"}}}),
         ('classes = "names.txt" names no file', "one class name per line"),
     ),
     "an image list naming a missing image": Case(
@@ -245,7 +215,7 @@ CASES: dict[str, Case] = {
     # your own checkpoint
     "a checkpoint that does not exist": Case(
         "extract",
-        lambda tmp, r: vision(tmp, backbone='checkpoint = "mine.safetensors"'),
+        lambda tmp, r: vision(tmp, backbone={"checkpoint": "mine.safetensors"}),
         ("checkpoint = 'mine.safetensors': no such file", "relative to the pipeline file"),
     ),
     "features with a TorchScript model": Case(
@@ -253,7 +223,7 @@ CASES: dict[str, Case] = {
     ),
     "features that are not the classifier's input": Case(
         "extract",
-        lambda tmp, r: vision(tmp, backbone='features = "layer3"'),
+        lambda tmp, r: vision(tmp, backbone={"features": "layer3"}),
         ("features = 'layer3' outputs", "not the input of the classifier 'fc'"),
     ),
     # question files and prompts
@@ -274,7 +244,7 @@ CASES: dict[str, Case] = {
     ),
     "a choice line without the choice text": Case(
         "extract",
-        questions(backbone='choice_line = "{letter})"'),
+        questions(backbone={"choice_line": "{letter})"}),
         ("choice_line = '{letter})' must be a format string", "{letter} and {text}"),
     ),
     # feature files

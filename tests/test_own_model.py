@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_runner import etn_process as etn
 
 from etn_cli.store.reading.reader import read_split
 
@@ -30,11 +30,6 @@ EXAMPLES = REPO / "examples"
 PIPELINES = ("images.toml", "questions.toml", "features.toml")
 sys.path.insert(0, str(EXAMPLES))
 import standins  # noqa: E402
-
-
-def etn(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "etn_cli", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 from cli_runner import etn, without_progress
+from tiny_pipeline import BOTH_OOD, calibrated_pair, tiny_pipeline
 
 from etn_cli.metrics.evaluation import classification_metrics
 from etn_cli.metrics.ranking import ranking_values
@@ -146,25 +147,10 @@ def test_seeds_combined_average_the_per_seed_differences_and_draw_the_seeds_too(
     assert row["hi"] - row["lo"] > widest  # the seeds' spread widens the combined interval
 
 
-PIPELINE = """
-name = "pair"
-seeds = [0, 1]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-[data]
-id = "digits"
-ood = ["digits_unseen", "digits_noise"]
-[[heads]]
-name = "map"
-[[heads]]
-name = "etn"
-epochs = 3
-[[heads]]
-name = "etn"
-epochs = 3
-calibrate = "temperature"
-"""
+PIPELINE = tiny_pipeline(
+    "pair", seeds=(0, 1), backbone={"epochs": 3}, data={"ood": BOTH_OOD},
+    heads=("map", *calibrated_pair(3)),
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tiny_pipeline import write_pipeline
+
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = REPO / "pipelines" / "digits.toml"
 
@@ -79,11 +81,7 @@ def test_a_dry_run_after_a_run_plans_the_keys_the_run_built(tmp_path: Path) -> N
     from etn_cli.stages.prepare import prepare
 
     data = tmp_path / "data"
-    pipeline = tmp_path / "small.toml"
-    pipeline.write_text(
-        'name = "small"\nseeds = [0]\n[backbone]\nname = "digits_cnn"\nepochs = 1\n'
-        '[data]\nid = "digits"\nood = ["digits_unseen"]\n[[heads]]\nname = "map"\n'
-    )
+    pipeline = write_pipeline(tmp_path, "small", backbone={"epochs": 1})
     plan = make_plan(load_pipeline(pipeline), data)
     unbuilt = [unit.path for unit in plan.feature_units]
     assert plan.backbone.fingerprint()["weights_sha256"] == "not built"

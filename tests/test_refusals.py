@@ -4,7 +4,6 @@ is one ``error:`` line naming the real cause and the fix, exit status 2, nothing
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 from cli_runner import STAMP
 from test_cli_conventions import write_shards
+from tiny_pipeline import calibrated_pair, causal_lm, questions, tiny_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 ETN = [shutil.which("etn")] if shutil.which("etn") else [sys.executable, "-m", "etn_cli"]
@@ -43,23 +43,7 @@ def refused(done: subprocess.CompletedProcess, *phrases: str) -> str:
 
 
 # ---------------------------------------------------------------------- the digits default
-TWO_ETNS = """
-name = "two-etns"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-[data]
-id = "digits"
-ood = ["digits_unseen"]
-[[heads]]
-name = "etn"
-epochs = 2
-[[heads]]
-name = "etn"
-epochs = 2
-calibrate = "temperature"
-"""
+TWO_ETNS = tiny_pipeline("two-etns", heads=calibrated_pair(2))
 
 
 @pytest.mark.slow  # a whole digits run and predict: about 15 s
@@ -219,24 +203,6 @@ def five_choices(folder: Path) -> Path:
     return folder
 
 
-QUESTIONS = """
-name = "five"
-seeds = [0]
-[backbone]
-name = "hf_causal_lm"
-model = "{model}"
-dtype = "float32"
-letters = {letters}
-[data]
-id = "mcqa_jsonl"
-root = "questions"
-adapt = "adapt.jsonl"
-test = "test.jsonl"
-[[heads]]
-name = "map"
-"""
-
-
 @pytest.mark.parametrize(
     "spare",
     ["ABCDEFGHIJ", pytest.param("ABCD", marks=pytest.mark.slow)],  # the second: about 20 s
@@ -255,7 +221,9 @@ def test_the_two_letter_errors_say_the_one_thing_that_works(tmp_path: Path, spar
     pipeline = tmp_path / "five.toml"
 
     def dry_run(letters: list[str]) -> subprocess.CompletedProcess:
-        pipeline.write_text(QUESTIONS.format(model=model, letters=json.dumps(letters)))
+        pipeline.write_text(
+            tiny_pipeline("five", backbone=causal_lm(model, letters=letters), data=questions())
+        )
         return etn("run", pipeline, "-d", tmp_path / "data", "--dry-run")
 
     works = list("ABCDE") if spare == "ABCDEFGHIJ" else list("12345")

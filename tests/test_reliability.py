@@ -23,8 +23,9 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from cli_runner import fresh_data, unstamped
+from cli_runner import finished_run, fresh_data, unstamped
 from safetensors.torch import save_file
+from tiny_pipeline import TINY_MCQA, causal_lm, fake_data, tiny_pipeline
 
 from etn_cli.errors import EtnError
 from etn_cli.planning import plan as plan_module
@@ -41,24 +42,10 @@ from etn_cli.store.reading.reader import read_split
 from etn_cli.store.writing.writer import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
-PIPELINE = """
-name = "tiny"
-seeds = [0]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-[data]
-id = "digits"
-ood = ["digits_noise"]
-batch_size = 16
-shard_rows = 16
-[[heads]]
-name = "etn"
-epochs = 2
-batch_size = 64
-[[heads]]
-name = "map"
-"""
+PIPELINE = tiny_pipeline(
+    data={"ood": ["digits_noise"], "batch_size": 16, "shard_rows": 16},
+    heads=({"name": "etn", "epochs": 2, "batch_size": 64}, "map"),
+)
 UNITS = {"extract": 3, "train": 2, "evaluate": 2}  # what one run of PIPELINE builds
 SUMMARY = UNITS | {"extract": UNITS["extract"] + 1}  # a run's summary counts the classifier
 METRIC_COLUMNS = ["eval_set", "task", "method", "seed", "metric", "score", "value", "note"]
@@ -67,12 +54,7 @@ METRIC_COLUMNS = ["eval_set", "task", "method", "seed", "metric", "score", "valu
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """An uninterrupted run: (pipeline file, data dir)."""
-    root = tmp_path_factory.mktemp("reference")
-    pipeline = root / "tiny.toml"
-    pipeline.write_text(PIPELINE)
-    outcome = run_pipeline(pipeline, root / "data")
-    assert outcome.ok, outcome.message
-    return pipeline, root / "data"
+    return finished_run(tmp_path_factory.mktemp("reference"), PIPELINE)
 
 
 def start_run(pipeline: Path, data: Path) -> subprocess.Popen:
@@ -168,7 +150,7 @@ def test_a_split_killed_midway_resumes_from_its_finished_shards(reference, tmp_p
     uninterrupted = read_split(reference_data / unit.relative_to(data))
     np.testing.assert_array_equal(resumed.hidden, uninterrupted.hidden)
     np.testing.assert_array_equal(resumed.index, uninterrupted.index)
-    assert_same_metrics(data, reference_data)
+    assert_same_metrics(data, reference[1])
     assert_all_valid(data)
 
 
@@ -221,7 +203,7 @@ def test_ctrl_c_says_interrupted_and_that_a_rerun_resumes_then_a_rerun_does(
     command = f"etn run {pipeline} -d {data}"
     assert lines[-1] == f"interrupted: `{command}` resumes from the finished units"
     assert run_pipeline(pipeline, data).ok
-    assert_same_metrics(data, reference_data)
+    assert_same_metrics(data, reference[1])
 
 
 @pytest.mark.slow  # kills at random moments: about 15 s
@@ -233,7 +215,7 @@ def test_runs_killed_at_random_moments_then_rerun_equal_an_uninterrupted_run(
     killed = kill_at_random_moments(pipeline, data, unit_files(reference_data), times=3, seed=1)
     assert killed >= 2
     assert run_pipeline(pipeline, data).ok
-    assert_same_metrics(data, reference_data)
+    assert_same_metrics(data, reference[1])
     assert_all_valid(data)
 
 
@@ -250,7 +232,7 @@ def test_many_kills_anywhere_never_lose_or_corrupt_work(
         data = tmp_path / f"data{seed}"
         killed += kill_at_random_moments(pipeline, data, total, times=6, seed=seed, timed=0.2)
         assert run_pipeline(pipeline, data).ok
-        assert_same_metrics(data, reference_data)
+        assert_same_metrics(data, reference[1])
         found = verify(data, clean_partials=True)
         assert not found.damaged, [d.line() for d in found.damaged]
         # only temporary folders of the backbone's own cache, which has no lock, may stay
@@ -282,9 +264,7 @@ main()
 def test_a_kill_inside_a_metrics_write_never_leaves_a_truncated_parquet(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    pipeline, reference_data = reference
-    data = tmp_path / "data"
-    shutil.copytree(reference_data, data, ignore=shutil.ignore_patterns("metrics", "predictions"))
+    pipeline, data = copied(reference, tmp_path, "metrics", "predictions")
     command = [sys.executable, "-c", KILL_INSIDE_PARQUET_WRITE, str(pipeline), str(data)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr
@@ -296,7 +276,7 @@ def test_a_kill_inside_a_metrics_write_never_leaves_a_truncated_parquet(
     assert not found.damaged and [left.path for left in found.leftovers] == [torn]
     assert run_pipeline(pipeline, data).ok
     assert not torn.exists()  # the rerun cleared it under the unit's lock
-    assert_same_metrics(data, reference_data)
+    assert_same_metrics(data, reference[1])
     assert_all_valid(data)
 
 
@@ -318,7 +298,7 @@ def test_two_overlapping_runs_build_each_unit_once_and_equal_one_run(
     for stage, total in SUMMARY.items():
         assert sum(counts[stage][0] for counts in built) == total  # once, not twice
         assert all(sum(counts[stage]) == total for counts in built)
-    assert_same_metrics(data, reference_data)
+    assert_same_metrics(data, reference[1])
     assert_all_valid(data)
 
 
@@ -326,9 +306,8 @@ def test_two_overlapping_runs_build_each_unit_once_and_equal_one_run(
 def test_force_swaps_a_new_head_in_and_never_edits_the_old_one(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    pipeline, reference_data = reference
-    data = tmp_path / "data"
-    shutil.copytree(reference_data, data)
+    pipeline, data = copied(reference, tmp_path)
+    reference_data = reference[1]
     head = next(p for p in sorted((data / "heads").glob("etn-*")) if p.is_dir())
     old = {p.name: (p.stat().st_ino, p.read_bytes()) for p in head.iterdir()}
     old_folder = head.stat().st_ino
@@ -346,6 +325,13 @@ def test_force_swaps_a_new_head_in_and_never_edits_the_old_one(
 
 
 # ------------------------------------------------------------------------ content keys
+def copied(reference: tuple[Path, Path], tmp_path: Path, *leave_out: str) -> tuple[Path, Path]:
+    """The reference run's pipeline and a copy of its data dir without ``leave_out``."""
+    data = tmp_path / "data"
+    shutil.copytree(reference[1], data, ignore=shutil.ignore_patterns(*leave_out))
+    return reference[0], data
+
+
 def keys_of(tmp_path: Path, text: str, data: Path) -> dict[str, list[str]]:
     """The content-keyed paths of every unit of a pipeline written from ``text``."""
     path = tmp_path / f"p{len(list(tmp_path.glob('p*.toml')))}.toml"
@@ -416,26 +402,15 @@ def test_each_input_of_a_digits_pipeline_gives_new_keys_exactly_where_it_should(
     assert changed(base, keys_of(tmp_path, text, data)) == EXPECTED[change]
 
 
-VISION = """
-name = "vision"
-seeds = [0]
-[backbone]
-name = "torchvision"
-model = "mobilenet_v3_small"
-weights = "{weights}"
-num_classes = 4
-{backbone}
-[data]
-id = "fake"
-ood = ["fake:ood"]
-[data.options.fake]
-size = 4
-num_classes = 4
-{fake}
-[[heads]]
-name = "map"
-{finetune}
-"""
+MOBILENET = {"name": "torchvision", "model": "mobilenet_v3_small", "num_classes": 4}
+
+
+def vision(weights: str = "weights0.safetensors", fake: dict | None = None, **changes) -> str:
+    """The vision pipeline of the keys' tests: a MobileNet and FakeData, with ``changes`` to the
+    backbone (``backbone``) or other tables (``finetune``)."""
+    backbone = MOBILENET | {"weights": weights} | changes.pop("backbone", {})
+    data = fake_data(size=4, batch_size=None, **(fake or {}))
+    return tiny_pipeline("vision", backbone=backbone, data=data, **changes)
 
 
 def test_each_input_of_a_vision_pipeline_gives_new_feature_keys(tmp_path: Path) -> None:
@@ -446,26 +421,25 @@ def test_each_input_of_a_vision_pipeline_gives_new_feature_keys(tmp_path: Path) 
             torch.manual_seed(seed)
             state = torchvision.models.mobilenet_v3_small(num_classes=4).state_dict()
         save_file(state, tmp_path / f"weights{seed}.safetensors")
-    fields = {"weights": "weights0.safetensors", "backbone": "", "fake": "", "finetune": ""}
     data = tmp_path / "data"
-    base = keys_of(tmp_path, VISION.format(**fields), data)
+    base = keys_of(tmp_path, vision(), data)
     variants = {
         "weights file": {"weights": "weights1.safetensors"},
         "random weights": {"weights": "none"},
-        "dtype": {"backbone": 'dtype = "bfloat16"'},
-        "transform": {"backbone": "resize = 40\ncrop = 36"},
-        "normalisation": {"backbone": "mean = [0.5, 0.5, 0.5]\nstd = [0.5, 0.5, 0.5]"},
-        "dataset options": {"fake": "seed = 1"},
-        "fine-tuning": {"finetune": '[finetune]\nsplit = "train"\nepochs = 1'},
+        "dtype": {"backbone": {"dtype": "bfloat16"}},
+        "transform": {"backbone": {"resize": 40, "crop": 36}},
+        "normalisation": {"backbone": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}},
+        "dataset options": {"fake": {"seed": 1}},
+        "fine-tuning": {"finetune": {"split": "train", "epochs": 1}},
     }
     seen = {tuple(base["features"])}
     for name, update in variants.items():
-        keys = keys_of(tmp_path, VISION.format(**(fields | update)), data)
+        keys = keys_of(tmp_path, vision(**update), data)
         assert changed(base, keys) >= {"features", "heads", "metrics"}, name
         seen.add(tuple(keys["features"]))
     assert len(seen) == len(variants) + 1  # no two inputs share a key either
-    tuned = VISION.format(**(fields | {"finetune": '[finetune]\nsplit = "train"\nlr = 0.01'}))
-    again = VISION.format(**(fields | {"finetune": '[finetune]\nsplit = "train"\nlr = 0.02'}))
+    tuned = vision(finetune={"split": "train", "lr": 0.01})
+    again = vision(finetune={"split": "train", "lr": 0.02})
     assert keys_of(tmp_path, tuned, data)["finetune"] != keys_of(tmp_path, again, data)["finetune"]
     assert not data.exists() or not any(data.rglob("*.h5"))  # planning extracts nothing
 
@@ -482,24 +456,24 @@ def test_each_input_of_an_llm_pipeline_gives_new_feature_keys(tmp_path: Path) ->
     weights["lm_head.weight"][0, 0] += 1.0
     save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
     adapter = make_adapter(llama, tmp_path / "adapter")
-    text = (
-        'name = "llm"\nseeds = [0]\n[backbone]\nname = "hf_causal_lm"\nmodel = "{model}"\n'
-        '{option}\n[data]\nid = "tiny_mcqa"\nadapt = "validation"\nood = ["tiny_mcqa_ood"]\n'
-        '[[heads]]\nname = "map"\n'
-    )
+
+    def text(model: Path = llama, **option: object) -> str:
+        lm = causal_lm(model, dtype=None) | option
+        return tiny_pipeline("llm", backbone=lm, data=TINY_MCQA)
+
     data = tmp_path / "data"
-    base = keys_of(tmp_path, text.format(model=llama, option=""), data)
+    base = keys_of(tmp_path, text(), data)
     variants = {
         "model weights": {"model": other},
-        "adapter": {"option": f'adapter = "{adapter}"'},
-        "prompt template": {"option": 'prompt_template = "instruction"'},
-        "answer letters": {"option": 'letters = ["D", "C", "B", "A"]'},
-        "dtype": {"option": 'dtype = "bfloat16"'},
-        "max length": {"option": "max_length = 64"},
+        "adapter": {"adapter": adapter},
+        "prompt template": {"prompt_template": "instruction"},
+        "answer letters": {"letters": ["D", "C", "B", "A"]},
+        "dtype": {"dtype": "bfloat16"},
+        "max length": {"max_length": 64},
     }
     seen = {tuple(base["features"])}
     for name, update in variants.items():
-        keys = keys_of(tmp_path, text.format(**({"model": llama, "option": ""} | update)), data)
+        keys = keys_of(tmp_path, text(**update), data)
         assert changed(base, keys) >= {"features"}, name
         seen.add(tuple(keys["features"]))
     assert len(seen) == len(variants) + 1
@@ -614,9 +588,7 @@ def test_verify_lists_partials_and_cleans_only_those_no_process_holds(
 def test_status_shows_done_partial_and_missing_units(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    pipeline, reference_data = reference
-    data = tmp_path / "data"
-    shutil.copytree(reference_data, data, ignore=shutil.ignore_patterns("metrics", "heads"))
+    pipeline, data = copied(reference, tmp_path, "metrics", "heads")
     split = next(p for p in data.glob("features/*/digits_noise.*") if p.is_dir())
     shutil.rmtree(split)
     with pytest.raises(KeyboardInterrupt), ShardWriter(split, {}, 8, resume={}) as writer:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import etn_process as etn
 from cli_runner import unstamped
 from test_bad_inputs import byof_pipeline
 from test_bad_inputs import etn as etn_here
@@ -18,11 +17,6 @@ from test_bad_inputs import etn as etn_here
 from etn_cli.report.plot_record import PLOT_RECORD, plain_name
 from etn_cli.stages.run import run_pipeline
 from etn_cli.stages.verify import verify
-
-
-def etn(*args: object) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "etn_cli", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from tiny_pipeline import write_pipeline
 
 from etn_cli.config import build_config
 from etn_cli.errors import EtnError
@@ -97,11 +98,9 @@ def test_every_numeric_setting_refuses_a_value_out_of_its_range(head, setting, k
 def test_the_issue_s_settings_are_one_line_and_exit_2_before_any_work(
     setting: str, phrase: str, tmp_path: Path
 ) -> None:
-    pipeline = tmp_path / "ranges.toml"
-    pipeline.write_text(
-        'name = "ranges"\nseeds = [0]\n[backbone]\nname = "digits_cnn"\n[data]\nid = "digits"\n'
-        '[[heads]]\nname = "etn"\n[[heads]]\nname = "sngp"\n[[heads]]\nname = "duq"\n'
-    )
+    heads = ("etn", "sngp", "duq")
+    no_ood = {"backbone": {"epochs": None}, "data": {"ood": None}}
+    pipeline = write_pipeline(tmp_path, "ranges", heads=heads, **no_ood)
     command = [sys.executable, "-m", "etn_cli", "run", str(pipeline), "-d", str(tmp_path / "d")]
     done = subprocess.run([*command, "--set", setting], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr

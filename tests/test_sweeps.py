@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from cli_runner import etn
+from tiny_pipeline import BOTH_OOD, tiny_pipeline
 
 from etn_cli.errors import EtnError
 from etn_cli.planning.pipeline import parse_pipeline
@@ -86,26 +87,13 @@ def test_an_unknown_swept_setting_is_caught_when_planning(tmp_path):
         make_plan(pipeline, tmp_path)
 
 
-SWEEP = """
-name = "sweep"
-seeds = [0, 1]
-[backbone]
-name = "digits_cnn"
-epochs = 3
-[data]
-id = "digits"
-ood = ["digits_unseen", "digits_noise"]
-[[heads]]
-name = "etn"
-epochs = 2
-batch_size = 64
-sweep = {{ prior_mode = {modes} }}
-[[heads]]
-name = "static"
-epochs = 2
-batch_size = 64
-sweep = {{ variant = ["scalar", "vector", "matrix"] }}
-"""
+def sweep(modes: list[int]) -> str:
+    etn = {"name": "etn", "epochs": 2, "batch_size": 64, "sweep": {"prior_mode": modes}}
+    static = {"name": "static", "epochs": 2, "batch_size": 64}
+    static["sweep"] = {"variant": ["scalar", "vector", "matrix"]}
+    return tiny_pipeline(
+        "sweep", seeds=(0, 1), backbone={"epochs": 3}, data={"ood": BOTH_OOD}, heads=(etn, static)
+    )
 
 
 def _etn(*args) -> str:
@@ -118,7 +106,7 @@ def _etn(*args) -> str:
 def swept(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     pipeline = root / "sweep.toml"
-    pipeline.write_text(SWEEP.format(modes="[1, 10]"))
+    pipeline.write_text(sweep([1, 10]))
     output = _etn("run", pipeline, "--data-dir", root / "data", "--format", "markdown")
     return pipeline, root / "data", output
 
@@ -155,7 +143,7 @@ def test_adding_a_sweep_point_trains_only_that_point_and_redraws_the_plot(swept)
     assert "train: 0 built, 10 up to date" in rerun
     assert plot.stat().st_mtime_ns == before  # unchanged metrics: no redraw
 
-    pipeline.write_text(SWEEP.format(modes="[1, 10, 100]"))
+    pipeline.write_text(sweep([1, 10, 100]))
     output = _etn("run", pipeline, "--data-dir", data, "--format", "markdown")
     assert "train: 2 built, 10 up to date" in output  # one new point x 2 seeds
     assert "evaluate: 2 built, 10 up to date" in output

@@ -7,36 +7,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import etn_process as etn
 from cli_runner import without_progress
+from tiny_pipeline import BOTH_OOD, tiny_pipeline
 
 from etn_cli.errors import DamagedArtefact
 from etn_cli.store.artefacts.sealed import write_sealed
 from etn_cli.store.artefacts.unitkey import check_recorded_key, named_key
 
-PIPELINE = """
-name = "keys"
-seeds = [0, 1]
-[backbone]
-name = "digits_cnn"
-epochs = 2
-[data]
-id = "digits"
-ood = ["digits_unseen", "digits_noise"]
-[[heads]]
-name = "etn"
-epochs = 2
-"""
-
-
-def etn(*args: object) -> subprocess.CompletedProcess:
-    """The command through its entry point in a new process, as a shell starts it."""
-    command = [sys.executable, "-m", "etn_cli", *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, check=False)
+PIPELINE = tiny_pipeline(
+    "keys", seeds=(0, 1), data={"ood": BOTH_OOD}, heads=({"name": "etn", "epochs": 2},)
+)
 
 
 @pytest.fixture(scope="module")

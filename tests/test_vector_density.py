@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_scalar_density import NU, reference  # the plain formula in float64
 from torch.nn import functional as F
 
 from etn_cli.heads.edl import expected_dirichlet_log_density
 from etn_cli.heads.vector_density import _VectorLogDensity, vector_density, vector_log_density
-
-NU = 1e4
 
 
 def inputs(scale: float, m: int = 20, b: int = 16, c: int = 300, seed: int = 0):
@@ -21,14 +20,6 @@ def inputs(scale: float, m: int = 20, b: int = 16, c: int = 300, seed: int = 0):
     a = torch._standard_gamma(torch.full((m, b, c), 2.0), generator=generator)
     bias = torch.rand(c, generator=generator) + 0.2
     return a.requires_grad_(), z, bias.requires_grad_(), labels
-
-
-def reference(a, z, b, labels):
-    a64 = a.detach().double().requires_grad_()
-    b64 = b.detach().double().requires_grad_()
-    density = expected_dirichlet_log_density(F.softplus(a64 * z.double()) + b64, labels, NU)
-    density.sum().backward()
-    return density.detach(), a64.grad, b64.grad
 
 
 def _check(density, a, b, expected, grad_a, grad_b) -> None:

@@ -145,9 +145,15 @@ def run(
         raise typer.Exit(130) from None
     if not is_main_process():
         raise typer.Exit(0 if all(o.ok for o in outcomes) else 1)
+    print_outcomes(outcomes, options.fmt)
+
+
+def print_outcomes(outcomes: list, fmt: str) -> None:
+    """The tables on stdout, each stage's counts and the closing lines on stderr; exits 2 (the
+    user's to fix), 1 (a bug, or a method that refused its data) or returns (all ran)."""
     tables = [o for o in outcomes if o.ok and o.table]
     for outcome in tables:
-        title = f"## {outcome.path}\n\n" if len(tables) > 1 and options.fmt != "json" else ""
+        title = f"## {outcome.path}\n\n" if len(tables) > 1 and fmt != "json" else ""
         typer.echo(f"{title}{outcome.table.rstrip()}")
     for outcome in outcomes:
         for stage in outcome.stages:  # a log keeps each stage's counts; a terminal with -v

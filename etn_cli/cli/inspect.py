@@ -97,16 +97,7 @@ def report(
     if rows and fmt != "json":
         raise UsageError(f"--rows lists every result row as JSON; add --format json (not {fmt}).")
     parquet = [p for p in sources if p.suffix == ".parquet"]
-    if compare is not None and parquet:
-        raise UsageError(
-            f"--compare needs pipeline files (it reads their per-row predictions), got "
-            f"{parquet[0]}. Pass the pipeline file instead, e.g. etn report P.toml --compare ETN."
-        )
-    for source in sources:  # every file's mistakes before torch loads
-        if source.suffix != ".parquet":
-            checked_pipeline(source, overrides, only)
-        elif not source.is_file():
-            raise EtnError(f"Metrics file {source} does not exist. Run evaluate or fix the path.")
+    check_sources(sources, compare, overrides, only)
     from etn_cli.report.failures import failed_units_line
     from etn_cli.stages.report import report as run_report
     from etn_cli.stages.report import report_files
@@ -131,6 +122,24 @@ def report(
         typer.echo(line, err=True)
     if failures:
         raise typer.Exit(1)
+
+
+def check_sources(
+    sources: list[Path], compare: str | None, overrides: list[str] | None, only: list[str] | None
+) -> None:
+    """Every source's mistakes, before torch loads: a pipeline file's, a missing metrics file,
+    --compare given metrics files."""
+    parquet = [p for p in sources if p.suffix == ".parquet"]
+    if compare is not None and parquet:
+        raise UsageError(
+            f"--compare needs pipeline files (it reads their per-row predictions), got "
+            f"{parquet[0]}. Pass the pipeline file instead, e.g. etn report P.toml --compare ETN."
+        )
+    for source in sources:
+        if source.suffix != ".parquet":
+            checked_pipeline(source, overrides, only)
+        elif not source.is_file():
+            raise EtnError(f"Metrics file {source} does not exist. Run evaluate or fix the path.")
 
 
 def verify(

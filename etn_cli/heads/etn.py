@@ -114,32 +114,189 @@ def mlp(n_in: int, width: int, depth: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class Structure:
+    """How ETN transforms the logits: the network, prior, draws, loss (``loss(head, h, z, y)``)
+    and prediction of one variant, one subclass per variant (laplace-torch's one class per
+    Hessian structure), chosen once from ``variant`` (:data:`STRUCTURES`); the methods read the
+    head's fitted state (``net_``, ``b_``, ``prior_``). The base holds what the scalar and vector
+    variants share: ``a ~ Gamma(k(h), r(h))``."""
+
+    keeps_argmax = False  # the transformation leaves the predicted class unchanged
+    fusable = True  # fitted with a compiled objective where it pays (DESIGN §2)
+
+    def __init__(self, cfg: ETNConfig):
+        self.cfg = cfg
+
+    def n_gammas(self, n_classes: int) -> int:  # and ``b`` terms
+        return n_classes
+
+    def prior(self) -> tuple[float, float]:
+        return gamma_prior(self.cfg.prior_mode, self.cfg.prior_variance)
+
+    def net(self, n_features: int, n_classes: int) -> nn.Module:
+        return GammaNet(n_features, self.n_gammas(n_classes), self.cfg)
+
+    def check(self, z: torch.Tensor, device: torch.device) -> None:
+        """Refuse a fit that cannot run (only the matrix variant can outgrow memory)."""
+
+    def draws(self, params: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """M draws of the transformation from the net's output (M, B, K); its softplus keeps
+        shape and rate positive: no per-step argument checks."""
+        gamma = torch.distributions.Gamma(*params, validate_args=False)
+        return gamma.rsample((self.cfg.mc_samples,))
+
+    def transform(self, a: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return a * z
+
+    def kl(self, params: tuple[torch.Tensor, ...], prior: tuple[float, float]) -> torch.Tensor:
+        return gamma_kl(*params, *prior).sum(-1)  # (B,)
+
+    def class_scores(self, head: ETN, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The Dirichlet of the mean transformation (Gamma means ``k / r``)."""
+        shape, rate = head.net_(h)  # (B, C)
+        return evidence(shape / rate * z, head.b_)
+
+    def per_row(self, n_classes: int) -> int:  # numbers a row of a prediction holds at once
+        return self.cfg.mc_samples * n_classes
+
+    def predict_chunk(self, head: ETN, h: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, ...]:
+        """The MC marginal ``(1/M) sum_m alpha_m / alpha_m0`` and the mean ``alpha`` (n, C)."""
+        alpha = evidence(self.transform(self.fixed_draws(head, h), z.double()), head.b_.double())
+        probs = (alpha / alpha.sum(-1, keepdim=True)).mean(0)  # alpha: (M, n, C)
+        return probs.cpu().numpy(), alpha.mean(0).cpu().numpy()
+
+    def fixed_draws(self, head: ETN, h: torch.Tensor) -> torch.Tensor:
+        """M deterministic draws per row (float64), so a prediction does not depend on its
+        batch: the stratified Gamma quantiles of :meth:`ETN.quantile_draws`."""
+        shape, rate = head.net_(h)  # (n, K)
+        a = head.quantile_draws(shape.double().cpu().numpy(), rate.double().cpu().numpy())
+        return torch.from_numpy(a).to(h.device)  # scipy's quantiles, computed on the host
+
+
+class Scalar(Structure):
+    """One Gamma and one ``b`` for all classes: every logit scaled by the same positive draw."""
+
+    keeps_argmax = True
+
+    def n_gammas(self, n_classes: int) -> int:
+        return 1
+
+    def loss(self, head, h, z, y):
+        cfg, params = self.cfg, head.net_(h)  # (B, 1) each
+        a, kl = self.draws(params), self.kl(params, head.prior_)  # (M, B, 1), (B,)
+        density = scalar_log_density(a, z, head.b_, y, cfg.nu, fused=head.fused_)
+        return -density.mean(0) + cfg.kl_weight * kl
+
+    def class_scores(self, head, h, z):
+        return z  # its argmax never changes
+
+
+class Vector(Structure):
+    """A Gamma and a ``b`` per class; the draws are taken inside the loss (compiled with it
+    when fused), and a prediction takes one draw at a time: large blocks, few operations."""
+
+    def loss(self, head, h, z, y):
+        cfg, params = self.cfg, head.net_(h)  # (B, C) each
+        density = vector_gamma_log_density(
+            *params, z, head.b_, y, cfg.nu, cfg.mc_samples, fused=head.fused_
+        )  # (B,)
+        return -density + cfg.kl_weight * self.kl(params, head.prior_)
+
+    def per_row(self, n_classes):
+        return n_classes
+
+    def predict_chunk(self, head, h, z):
+        """The draws of :meth:`ETN.quantile_draws`, from a table of the Gamma quantile function
+        at the M levels (1e-8 relative, :class:`LevelGamma`), one draw at a time: the marginal
+        and the mean ``alpha`` (n, C) accumulate without an (M, n, C) array."""
+        shape, rate = head.net_(h)  # (n, C)
+        quantiles = LevelGamma(shape, self.cfg.mc_samples)
+        scale = z.double() / rate.double()
+        b = head.b_.double()
+        probs = torch.zeros_like(scale)
+        total = torch.zeros_like(scale)
+        for level in torch.from_numpy(head.level_order()).to(scale.device):  # (C,) per draw
+            alpha = evidence(quantiles(level).mul_(scale), b)  # (n, C)
+            total += alpha
+            probs.addcmul_(alpha, 1 / alpha.sum(-1, keepdim=True))
+        m = self.cfg.mc_samples
+        return (probs / m).cpu().numpy(), (total / m).cpu().numpy()
+
+
+class Matrix(Structure):
+    """A per-sample Gaussian ``vec(A) ~ N(mu, B (x) D)``, softplus on the diagonal of each
+    draw, a ``b`` per class, the closed-form KL to a Gaussian prior and ODIR on ``mu``."""
+
+    fusable = False
+
+    def prior(self):
+        return gaussian_prior_from_mode_variance(self.cfg.prior_mode, self.cfg.prior_variance)
+
+    def net(self, n_features, n_classes):
+        return MatrixNet(n_features, n_classes, self.cfg)
+
+    def check(self, z, device):
+        cfg = self.cfg
+        batch = min(cfg.batch_size, len(z))
+        limit = memory_limit_bytes(cfg, device)
+        check_matrix_feasible(z.shape[1], batch, cfg.mc_samples, limit, width=cfg.width)
+
+    def draws(self, params):
+        return apply_softplus_diagonal(sample_matrix_normal(*params, self.cfg.mc_samples))
+
+    def transform(self, a, z):
+        return transform_logits(a, z)
+
+    def kl(self, params, prior):
+        return matrix_normal_kl(*params, *prior)  # (B,)
+
+    def loss(self, head, h, z, y):
+        """MC NLL + lambda * KL + the ODIR penalty on ``mu``."""
+        cfg, params = self.cfg, head.net_(h)  # (B, C, C) each
+        alpha = evidence(self.transform(self.draws(params), z), head.b_)  # (M, B, C)
+        kl, penalty = self.kl(params, head.prior_), odir_penalty(params[0])  # (B,) each
+        nll = -expected_dirichlet_log_density(alpha, y, cfg.nu).mean(0)  # (B,)
+        return nll + cfg.kl_weight * kl + cfg.odir_weight * penalty
+
+    def class_scores(self, head, h, z):
+        mu = apply_softplus_diagonal(head.net_(h)[0])  # the mean transformation (B, C, C)
+        return evidence(transform_logits(mu.unsqueeze(0), z)[0], head.b_)
+
+    def per_row(self, n_classes):
+        return self.cfg.mc_samples * n_classes * n_classes
+
+    def fixed_draws(self, head, h):
+        """``A = mu + L_D E L_B^T`` per row with the M standard-normal draws ``E`` (M, C, C)
+        fixed by the seed and shared by every row (common random numbers)."""
+        mu, l_b, l_d = (t.double() for t in head.net_(h))  # (n, C, C) each
+        c, m = head.n_classes_, self.cfg.mc_samples
+        noise = torch.randn((m, c, c), generator=torch.Generator().manual_seed(self.cfg.seed),
+                            dtype=torch.float64).to(mu.device)  # fmt: skip
+        return apply_softplus_diagonal(mu + l_d @ noise[:, None] @ l_b.mT)
+
+
+STRUCTURES: dict[str, type[Structure]] = {"scalar": Scalar, "vector": Vector, "matrix": Matrix}
+
+
 @heads.register("etn")
 class ETN(Head):
     fused_ = False  # fit with the compiled objective (etn_cli.heads.scalar_density, vector_density)
 
-    @property
-    def is_matrix(self) -> bool:
-        return self.config.variant == "matrix"
+    def __init__(self, **settings) -> None:
+        super().__init__(**settings)
+        self.structure = STRUCTURES[self.config.variant](self.config)
 
     @property
     def keeps_argmax(self) -> bool:
-        """The scalar variant scales every logit by the same positive draw (DESIGN §2)."""
-        return self.config.variant == "scalar"
+        return self.structure.keeps_argmax
 
     def _build(self, n_features: int, n_classes: int) -> None:
-        cfg = self.config
-        n_b = 1 if cfg.variant == "scalar" else n_classes
-        if self.is_matrix:
-            self.prior_ = gaussian_prior_from_mode_variance(cfg.prior_mode, cfg.prior_variance)
-        else:
-            self.prior_ = gamma_prior(cfg.prior_mode, cfg.prior_variance)
+        cfg, structure = self.config, self.structure
+        self.prior_ = structure.prior()
         with torch.random.fork_rng(devices=[]):  # the head's seed fixes the initial weights
             torch.manual_seed(cfg.seed)
-            if self.is_matrix:
-                self.net_ = MatrixNet(n_features, n_classes, cfg)
-            else:
-                self.net_ = GammaNet(n_features, 1 if cfg.variant == "scalar" else n_classes, cfg)
+            self.net_ = structure.net(n_features, n_classes)
+        n_b = structure.n_gammas(n_classes)
         self.b_raw_ = nn.Parameter(torch.full((n_b,), inverse_softplus(cfg.b_init)))
 
     @property
@@ -149,13 +306,10 @@ class ETN(Head):
 
     def _fit(self, h, z, y, *, classifier, layers, device) -> None:
         cfg = self.config
-        if self.is_matrix:
-            limit = memory_limit_bytes(cfg, device)
-            batch = min(cfg.batch_size, len(z))
-            check_matrix_feasible(z.shape[1], batch, cfg.mc_samples, limit, width=cfg.width)
+        self.structure.check(z, device)
         self._build(h.shape[1], z.shape[1])
         work = cfg.mc_samples * z.numel() * cfg.epochs
-        self.fused_ = cfg.variant in ("scalar", "vector") and use_fused(device, work)
+        self.fused_ = self.structure.fusable and use_fused(device, work)
         if cfg.standardize:
             self.net_.mean.copy_(h.mean(0))
             self.net_.std.copy_(h.std(0).clamp_min(1e-6))
@@ -173,49 +327,15 @@ class ETN(Head):
     def loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Per-sample ETN loss (B,): MC expected negative log density + lambda * KL
         (+ the ODIR penalty on ``mu`` for the matrix variant)."""
-        cfg = self.config
-        if self.is_matrix:
-            mu, l_b, l_d = self.net_(h)  # (B, C, C) each
-            a = apply_softplus_diagonal(sample_matrix_normal(mu, l_b, l_d, cfg.mc_samples))
-            alpha = evidence(transform_logits(a, z), self.b_)  # (M, B, C)
-            kl = matrix_normal_kl(mu, l_b, l_d, *self.prior_)  # (B,)
-            penalty = cfg.odir_weight * odir_penalty(mu)  # (B,)
-        else:
-            shape, rate = self.net_(h)  # (B, K)
-            if cfg.variant == "vector":  # drawn inside the loss: compiled with it when fused
-                density = vector_gamma_log_density(
-                    shape, rate, z, self.b_, y, cfg.nu, cfg.mc_samples, fused=self.fused_
-                )  # (B,)
-                return -density + cfg.kl_weight * gamma_kl(shape, rate, *self.prior_).sum(-1)
-            # the net's softplus keeps shape and rate positive: skip the per-step argument checks
-            gamma = torch.distributions.Gamma(shape, rate, validate_args=False)
-            a = gamma.rsample((cfg.mc_samples,))  # (M, B, K)
-            kl = gamma_kl(shape, rate, *self.prior_).sum(-1)  # (B,)
-            density = scalar_log_density(a, z, self.b_, y, cfg.nu, fused=self.fused_)
-            nll = -density.mean(0)  # (B,)
-            return nll + cfg.kl_weight * kl
-        nll = -expected_dirichlet_log_density(alpha, y, cfg.nu).mean(0)  # (B,)
-        return nll + cfg.kl_weight * kl + penalty
+        return self.structure.loss(self, h, z, y)
 
     def class_scores(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Scores whose argmax is the predicted class (B, C), for ``select = "accuracy"``: the
-        logits for the scalar variant (its argmax never changes), else the Dirichlet of the
-        mean transformation (Gamma means ``k / r``; the matrix mean ``mu``)."""
-        if self.config.variant == "scalar":
-            return z
-        if self.is_matrix:
-            mu = apply_softplus_diagonal(self.net_(h)[0])  # (B, C, C)
-            return evidence(transform_logits(mu.unsqueeze(0), z)[0], self.b_)
-        shape, rate = self.net_(h)  # (B, C)
-        return evidence(shape / rate * z, self.b_)
+        """Scores whose argmax is the predicted class (B, C), for ``select = "accuracy"``."""
+        return self.structure.class_scores(self, h, z)
 
     @torch.no_grad()
     def _predict(self, h, z, *, layers, device) -> Prediction:
-        if self.config.variant == "vector":  # one draw at a time: large blocks, few operations
-            per_row = z.shape[1]
-        else:
-            per_row = self.config.mc_samples * z.shape[1] * (z.shape[1] if self.is_matrix else 1)
-        rows = max(1, 2**22 // per_row)
+        rows = max(1, 2**22 // self.structure.per_row(z.shape[1]))
         parts = [
             self._predict_chunk(h[i : i + rows], z[i : i + rows]) for i in range(0, len(h), rows)
         ]
@@ -226,38 +346,7 @@ class ETN(Head):
         return Prediction(probs=probs, scores=scores, alpha=alpha)
 
     def _predict_chunk(self, h: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        if self.is_matrix:
-            mu, l_b, l_d = (t.double() for t in self.net_(h))  # (n, C, C) each
-            noise = self.fixed_noise().to(mu.device)
-            a = apply_softplus_diagonal(mu + l_d @ noise[:, None] @ l_b.mT)
-            alpha = evidence(transform_logits(a, z.double()), self.b_.double())  # (M, n, C)
-        elif self.config.variant == "vector":
-            return self._predict_vector_chunk(h, z)
-        else:
-            shape, rate = self.net_(h)  # (n, K)
-            a = self.quantile_draws(shape.double().cpu().numpy(), rate.double().cpu().numpy())
-            a = torch.from_numpy(a).to(z.device)  # scipy's quantiles, computed on the host
-            alpha = evidence(a * z.double(), self.b_.double())  # (M, n, C)
-        probs = (alpha / alpha.sum(-1, keepdim=True)).mean(0)
-        return probs.cpu().numpy(), alpha.mean(0).cpu().numpy()
-
-    def _predict_vector_chunk(self, h: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, ...]:
-        """The vector variant's draws of :meth:`quantile_draws`, from a table of the Gamma
-        quantile function at the M levels (1e-8 relative, :class:`LevelGamma`), one draw at a
-        time: ``(1/M) sum_m alpha_m / alpha_m0`` and ``(1/M) sum_m alpha_m`` (n, C) accumulate
-        without an (M, n, C) array."""
-        shape, rate = self.net_(h)  # (n, C)
-        quantiles = LevelGamma(shape, self.config.mc_samples)
-        scale = z.double() / rate.double()
-        b = self.b_.double()
-        probs = torch.zeros_like(scale)
-        total = torch.zeros_like(scale)
-        for level in torch.from_numpy(self.level_order()).to(scale.device):  # (C,) per draw
-            alpha = evidence(quantiles(level).mul_(scale), b)  # (n, C)
-            total += alpha
-            probs.addcmul_(alpha, 1 / alpha.sum(-1, keepdim=True))
-        m = self.config.mc_samples
-        return (probs / m).cpu().numpy(), (total / m).cpu().numpy()
+        return self.structure.predict_chunk(self, h, z)
 
     def quantile_draws(self, shape: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """M draws of ``a`` per row at the stratified quantiles ``(m - 1/2) / M`` (M, n, K).
@@ -278,15 +367,6 @@ class ETN(Head):
             return np.arange(m)[:, None]
         rng = np.random.default_rng(self.config.seed)
         return rng.permuted(np.tile(np.arange(m), (k, 1)), axis=1).T
-
-    def fixed_noise(self) -> torch.Tensor:
-        """The matrix variant's M standard-normal draws ``E`` (M, C, C), fixed by the seed and
-        shared by every row, so a prediction does not depend on its batch (common random
-        numbers; ``A = mu + L_D E L_B^T`` per row)."""
-        c = self.n_classes_
-        generator = torch.Generator().manual_seed(self.config.seed)
-        shape = (self.config.mc_samples, c, c)
-        return torch.randn(shape, generator=generator, dtype=torch.float64)
 
     def _state(self) -> dict[str, torch.Tensor]:
         state = {f"net.{k}": v for k, v in self.net_.state_dict().items()}

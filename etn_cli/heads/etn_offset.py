@@ -40,7 +40,6 @@ import torch
 from etn_cli.heads.base import heads
 from etn_cli.heads.edl import evidence, expected_dirichlet_log_density
 from etn_cli.heads.etn import ETN
-from etn_cli.heads.matrix import apply_softplus_diagonal, sample_matrix_normal, transform_logits
 
 OFFSET_TOLERANCE = 1e-3  # in logit units
 
@@ -120,32 +119,18 @@ class OffsetETN(ETN):
             torch.manual_seed(cfg.seed)
             for i in range(0, len(h), cfg.batch_size):
                 rows = slice(i, i + cfg.batch_size)
-                chunks.append((self._draws(h[rows]), z[rows], y[rows]))
+                chunks.append((self.structure.draws(self.net_(h[rows])), z[rows], y[rows]))
 
         blocks = merged(chunks, BLOCK_ELEMENTS // (cfg.mc_samples * z.shape[1]))
 
         def objective(c: float) -> float:
             total = torch.zeros((), dtype=torch.float64, device=h.device)  # one read per value
             for a, part, labels in blocks:
-                alpha = self._alpha(a, part + c, b)  # (M, n, C)
+                alpha = evidence(self.structure.transform(a, part + c), b)  # (M, n, C)
                 total += expected_dirichlet_log_density(alpha, labels, cfg.nu).mean(0).sum()
             return -float(total) / len(h)
 
         return objective
-
-    def _draws(self, h: torch.Tensor) -> torch.Tensor:
-        """M draws of the transformation for the rows ``h``: (M, n, K) or (M, n, C, C)."""
-        if self.is_matrix:
-            mu, l_b, l_d = self.net_(h)
-            return apply_softplus_diagonal(
-                sample_matrix_normal(mu, l_b, l_d, self.config.mc_samples)
-            )
-        shape, rate = self.net_(h)
-        gamma = torch.distributions.Gamma(shape, rate, validate_args=False)
-        return gamma.rsample((self.config.mc_samples,))
-
-    def _alpha(self, a: torch.Tensor, z: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return evidence(transform_logits(a, z) if self.is_matrix else a * z, b)  # (M, n, C)
 
     @torch.no_grad()
     def _mean_loss(self, h: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> float:

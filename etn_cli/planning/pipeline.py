@@ -274,16 +274,9 @@ def check_names(pipeline: Pipeline) -> None:
     first, with the same lines, and then what needs the sources themselves (their splits,
     their files)."""
     from etn_cli.backbones import backbones
-    from etn_cli.datasets import check_options, datasets
-    from etn_cli.heads import heads, settings_of
+    from etn_cli.datasets import datasets
 
-    for spec in pipeline.heads:
-        try:
-            name = heads.canonical(spec.name)
-            build_config(settings_of(name), spec.settings, f"head {name!r}")
-        except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
-            message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
-            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+    check_head_settings(pipeline)
     named = []
     if pipeline.backbone is not None:
         named.append(("[backbone] name", backbones, pipeline.backbone))
@@ -298,17 +291,38 @@ def check_names(pipeline: Pipeline) -> None:
     if pipeline.backbone is not None:
         check_backbone_settings(pipeline)
     if pipeline.data is not None:
+        check_data_tables(pipeline, pipeline.data)
+
+
+def check_head_settings(pipeline: Pipeline) -> None:
+    """Each ``[[heads]]`` entry names a head and only its settings, in their ranges."""
+    from etn_cli.heads import heads, settings_of
+
+    for spec in pipeline.heads:
         try:
-            check_groups(pipeline.data.groups, pipeline.data.ood, "[data.groups]")
-        except EtnError as err:
-            raise EtnError(f"{pipeline.path} {err}") from None
-        for name, options in pipeline.data.options.items():
-            where = f"[data.options.{name}]"
-            try:
-                check_options(name, options, where)
-            except EtnError as err:  # said once: "<file> [data.options.x]: Unknown key ..."
-                message = str(err).replace(f" in {where}", "", 1).removeprefix(f"{where} ")
-                raise EtnError(f"{pipeline.path} {where}: {message}") from None
+            name = heads.canonical(spec.name)
+            build_config(settings_of(name), spec.settings, f"head {name!r}")
+        except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
+            message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
+            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+
+
+def check_data_tables(pipeline: Pipeline, data: DataSpec) -> None:
+    """``[data.groups]`` names OOD sets of ``[data] ood``; ``[data.options.<name>]`` only the
+    options of its dataset."""
+    from etn_cli.datasets import check_options
+
+    try:
+        check_groups(data.groups, data.ood, "[data.groups]")
+    except EtnError as err:
+        raise EtnError(f"{pipeline.path} {err}") from None
+    for name, options in data.options.items():
+        where = f"[data.options.{name}]"
+        try:
+            check_options(name, options, where)
+        except EtnError as err:  # said once: "<file> [data.options.x]: Unknown key ..."
+            message = str(err).replace(f" in {where}", "", 1).removeprefix(f"{where} ")
+            raise EtnError(f"{pipeline.path} {where}: {message}") from None
 
 
 def check_roots(pipeline: Pipeline) -> None:

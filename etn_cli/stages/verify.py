@@ -124,14 +124,7 @@ def check_own_folders(data_dir: Path, result: Verification) -> None:
 
 def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], str]]:
     """``(kind, path, check, fix)`` for every artefact under ``data_dir``."""
-    found = []
-    for folder in _units(data_dir / "features"):
-        classifier = folder / "classifier.safetensors"
-        if classifier.is_file():
-            fix = "Delete it and run etn extract again (it is saved once per backbone)."
-            found.append(("classifiers", classifier, _check_classifier, fix))
-        for split in _units(folder):
-            found.append(("feature splits", split, _check_split, _rerun(split, "extract")))
+    found = _feature_artefacts(data_dir / "features")
     for head in _units(data_dir / "heads"):
         found.append(("heads", head, _check_head, _rerun(head, "train")))
     for pipeline in _units(data_dir / "metrics"):
@@ -145,14 +138,31 @@ def _artefacts(data_dir: Path) -> list[tuple[str, Path, Callable[[Path], None], 
         if record.is_file():
             fix = f"Run etn report on its pipeline again (it redraws {folder.name})."
             found.append(("report folders", record, check_report_folder, fix))
-    for folder in _units(data_dir / "backbones"):
-        if "-finetune-" in folder.name:
-            fix = _rerun(folder, "finetune")
-            found.append(("fine-tuned backbones", folder, _check_finetune, fix))
-        else:
-            fix = f"Delete {folder}; the next etn run rebuilds it."
-            found.append(("backbone caches", folder, _check_files, fix))
+    return found + [_backbone_artefact(folder) for folder in _units(data_dir / "backbones")]
+
+
+def _feature_artefacts(features: Path) -> list[tuple[str, Path, Callable[[Path], None], str]]:
+    """The classifiers and feature splits under ``features``."""
+    found = []
+    for folder in _units(features):
+        classifier = folder / "classifier.safetensors"
+        if classifier.is_file():
+            fix = "Delete it and run etn extract again (it is saved once per backbone)."
+            found.append(("classifiers", classifier, _check_classifier, fix))
+        for split in _units(folder):
+            found.append(("feature splits", split, _check_split, _rerun(split, "extract")))
     return found
+
+
+def _backbone_artefact(folder: Path) -> tuple[str, Path, Callable[[Path], None], str]:
+    if "-finetune-" in folder.name:
+        return ("fine-tuned backbones", folder, _check_finetune, _rerun(folder, "finetune"))
+    return (
+        "backbone caches",
+        folder,
+        _check_files,
+        f"Delete {folder}; the next etn run rebuilds it.",
+    )
 
 
 def _units(folder: Path) -> list[Path]:
