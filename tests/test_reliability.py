@@ -391,11 +391,11 @@ EXPECTED = {
 def test_a_heads_version_gives_new_keys_to_its_own_units_only(
     reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from etn_cli.heads import heads
+    from etn_cli.heads import facts as head_facts
 
     data = fresh_data(tmp_path, reference)
     base = keys_of(tmp_path, PIPELINE, data)
-    monkeypatch.setattr(heads.get("map"), "version", 1)
+    monkeypatch.setitem(head_facts.VERSIONS, "map", 1)
     other = keys_of(tmp_path, PIPELINE, data)
     for kind in ("heads", "metrics"):
         renewed = [a != b for a, b in zip(base[kind], other[kind], strict=True)]

@@ -245,16 +245,17 @@ def example_listing() -> str:
 
 
 def head_listing() -> str:
-    """``etn ls heads``: every registered head's line (imports every head, and torch)."""
-    from etn_cli.heads import heads
+    """``etn ls heads``: every registered head's line, from the tables (no head, nor torch,
+    is imported)."""
+    from etn_cli.heads import LABELS, heads, settings_of
+    from etn_cli.planning.units import PlannedHead
     from etn_cli.report.listing import HeadEntry, head_listing, head_needs
 
     entries = []
     for name in heads.names():
-        cls = heads.get(name)
-        family = getattr(cls, "family", "other")
-        needs, aliases = tuple(head_needs(cls)), tuple(heads.aliases_of(name))
-        entries.append(HeadEntry(name, family, cls.label, needs, aliases))
+        head = PlannedHead(name, {}, settings_of(name)(), LABELS[name])
+        needs, aliases = tuple(head_needs(head)), tuple(heads.aliases_of(name))
+        entries.append(HeadEntry(name, head.family, head.label, needs, aliases))
     return head_listing(entries)
 
 
