@@ -80,11 +80,17 @@ def traced(call: Callable[[], Any]) -> Walk:
     return walk
 
 
-def plan_of(pipeline: Path, data: Path) -> Any:
+def plan_of(pipeline: Path, data: Path, extracts: bool = False) -> Any:
+    """The plan, made as the command that runs the stage makes it: one that extracts builds
+    the backbone's stage zero while planning, where the code has that step."""
     from etn_cli.planning.pipeline import load_pipeline
     from etn_cli.planning.plan import make_plan
 
-    return make_plan(load_pipeline(pipeline), data)
+    try:
+        from etn_cli.stages.prepare import plan_for_extract
+    except ImportError:  # older code: extract builds stage zero itself
+        plan_for_extract = make_plan
+    return (plan_for_extract if extracts else make_plan)(load_pipeline(pipeline), data)
 
 
 def show(name: str, walk: Walk, verbose: bool) -> None:
@@ -122,7 +128,7 @@ def main() -> None:
             fresh = Path(scratch) / "fresh"
             if cached:  # what etn builds of the backbone itself (the digits CNN), no features
                 shutil.copytree(built / "backbones", fresh / "backbones")
-            plan = plan_of(args.pipeline, fresh)
+            plan = plan_of(args.pipeline, fresh, extracts=True)
             show(f"extract(plan), {name}", traced(lambda p=plan: extract(p)), args.verbose)
             shutil.rmtree(fresh, ignore_errors=True)
     print(f"(code measured: {PACKAGE})")

@@ -333,7 +333,7 @@ def test_a_torchvision_model_and_head_equal_extract_then_predict(vision) -> None
     test = read_split(plan.test.path)
     head = etn_cli.load_head(pipeline=pipeline, data_dir=data)
     expected = head.predict(test.hidden, test.logits)
-    backbone = plan.backbone  # a freshly built resnet18 with the pipeline's seeded weights
+    backbone = plan.backbone.build()  # a freshly built resnet18 with the pipeline's seeded weights
     resnet = backbone.model
     model = etn_cli.EvidentialModel.from_torchvision(resnet, head, transform=backbone.transform)
     calls = []
@@ -356,9 +356,9 @@ def test_a_head_of_another_backbone_is_refused(vision, digits) -> None:
     _, data, _ = digits
     digits_head = etn_cli.load_head("etn", data_dir=data)
     with pytest.raises(EtnError, match=r"hidden size 64 and 7 classes.*hidden size 512 and 4"):
-        etn_cli.EvidentialModel.from_torchvision(plan.backbone.model, digits_head)
+        etn_cli.EvidentialModel.from_torchvision(plan.backbone.build().model, digits_head)
     with pytest.raises(EtnError, match="not fitted"):
-        etn_cli.EvidentialModel.from_torchvision(plan.backbone.model, etn_cli.ETN())
+        etn_cli.EvidentialModel.from_torchvision(plan.backbone.build().model, etn_cli.ETN())
 
 
 def test_predict_reads_an_image_folder_recursively(vision, tmp_path) -> None:

@@ -30,7 +30,7 @@ STORE_PUBLIC = {
     *("fingerprint", "atomic", "storage", "content", "notes", "sizes"),
     *("reading.reader", "reading.consistency", "reading.parquet"),
     *("writing.writer", "writing.manifest", "writing.pieces", "writing.merge", "writing.checks"),
-    *("artefacts.classifier", "artefacts.headfiles", "artefacts.predictions"),
+    *("artefacts.classifier", "artefacts.headfiles", "artefacts.predictions", "artefacts.damage"),
     *("artefacts.sealed", "artefacts.records", "artefacts.unitkey", "maintenance.leftovers"),
 }
 # Parts below the stages that may use only some of those: they read and key their own inputs

@@ -13,11 +13,11 @@ import torch
 from safetensors.torch import load_file
 from sklearn.datasets import load_digits
 
-from etn_cli.backbones import backbones, digits_cnn
+from etn_cli.backbones import backbones, digits_cnn, digits_recipe
 from etn_cli.datasets import datasets
 from etn_cli.errors import EtnError
-from etn_cli.planning.plan import planned
 from etn_cli.stages.prepare import prepared
+from etn_cli.store.artefacts.records import intact_record
 
 ID_SPLITS = ("train", "adapt", "test")
 SMALL = digits_cnn.Config(epochs=2)  # enough to test caching and determinism, not accuracy
@@ -189,7 +189,8 @@ def test_damaged_weights_are_retrained_to_the_same_bytes(tmp_path: Path, capsys)
     weights.write_bytes(b"not a safetensors file")
     digest = hashlib.sha256(good).hexdigest()
     # planning keeps the recorded key and repairs nothing; loading the model refuses the file
-    planning = planned(digits_cnn.DigitsCNNBackbone(SMALL, tmp_path))
+    planning = digits_cnn.DigitsCNNBackbone(SMALL, tmp_path)
+    planning.use_cache(intact_record(planning.folder, digits_cnn.META_FILE))
     assert planning.weights_sha256 == digest
     with pytest.raises(EtnError, match="has sha256 .* but meta.json records"):
         planning.load()
@@ -212,7 +213,7 @@ def test_unreadable_weights_of_an_older_cache_raise_an_etn_error(tmp_path: Path)
 def test_module_names_are_the_models_own() -> None:
     """Layers are checked while planning against these names, without building the model."""
     model = digits_cnn.DigitsCNN(SMALL, 7)
-    assert [name for name, _ in model.named_modules()][1:] == list(digits_cnn.MODULE_NAMES)
+    assert [name for name, _ in model.named_modules()][1:] == list(digits_recipe.MODULE_NAMES)
 
 
 def test_constructing_the_backbone_builds_and_loads_nothing(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def test_extract_uses_the_fine_tuned_weights(finished) -> None:
     pipeline, data, _ = finished
     plan = make_plan(load_pipeline(pipeline), data)
     trained = load_file(plan.finetune.path / "model.safetensors")
-    initial = plan.backbone.classifier()
+    initial = plan.backbone.build().classifier()  # the pretrained weights, not fine-tuned
     assert not torch.equal(trained["fc.weight"], initial["weight"])  # training moved the head
     stored = load_file(plan.classifier_path)
     torch.testing.assert_close(stored["weight"], trained["fc.weight"])

@@ -15,9 +15,10 @@ import torchvision
 from cli_runner import etn
 from safetensors.torch import save_file
 
-from etn_cli.backbones.precision import planned_device, resolve_dtype
+from etn_cli.backbones.precision import resolve_dtype
 from etn_cli.backbones.torchvision_model import Config, TorchvisionBackbone
 from etn_cli.planning.pipeline import DataSpec
+from etn_cli.planning.units import planned_device
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -74,19 +74,30 @@ def test_predict_with_an_unknown_head_refuses_before_building_anything(tmp_path:
 
 
 def test_a_dry_run_after_a_run_plans_the_keys_the_run_built(tmp_path: Path) -> None:
-    """The keys planning computes without the CNN's weights are the ones a run ends up with
-    once they are built and read (the plan is made again after stage zero)."""
+    """The plan is made once: a command that extracts builds the digits CNN (stage zero, keyed
+    by its recipe) before the features are keyed, and a dry run after it plans the same keys
+    from the record the build left. The plan holds specs and cannot be changed."""
+    import dataclasses
+
+    import pytest
+
     from etn_cli.planning.pipeline import load_pipeline
     from etn_cli.planning.plan import make_plan
-    from etn_cli.stages.prepare import prepare
+    from etn_cli.stages.prepare import plan_for_extract
 
     data = tmp_path / "data"
     pipeline = write_pipeline(tmp_path, "small", backbone={"epochs": 1})
     plan = make_plan(load_pipeline(pipeline), data)
     unbuilt = [unit.path for unit in plan.feature_units]
-    assert plan.backbone.fingerprint()["weights_sha256"] == "not built"
-    assert prepare(plan) and not prepare(plan)  # built once, then found
-    assert [unit.path for unit in plan.feature_units] != unbuilt  # the held plan follows
+    assert plan.backbone.fingerprint["weights_sha256"] == "not built"
+    assert not plan.backbone.cache_folder.exists()  # planning built nothing
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.heads = ()  # type: ignore[misc]
+    built = plan_for_extract(load_pipeline(pipeline), data)
+    assert (built.backbone.cache_folder / "meta.json").is_file()
+    assert built.backbone.cache_folder == plan.backbone.cache_folder  # keyed by its recipe
+    assert built.backbone.fingerprint["weights_sha256"] != "not built"
+    assert [unit.path for unit in built.feature_units] != unbuilt  # keyed by the weights
     again = make_plan(load_pipeline(pipeline), data)
-    assert [u.path for u in again.feature_units] == [u.path for u in plan.feature_units]
-    assert [u.path for u in again.heads] == [u.path for u in plan.heads]
+    assert [u.path for u in again.feature_units] == [u.path for u in built.feature_units]
+    assert [u.path for u in again.heads] == [u.path for u in built.heads]

@@ -377,11 +377,13 @@ EXPECTED = {
 def test_a_heads_version_gives_new_keys_to_its_own_units_only(
     reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from etn_cli.heads import heads
+    import dataclasses
+
+    from etn_cli.catalogue import METHODS
 
     data = fresh_data(tmp_path, reference)
     base = keys_of(tmp_path, PIPELINE, data)
-    monkeypatch.setattr(heads.get("map"), "version", 1)
+    monkeypatch.setitem(METHODS, "map", dataclasses.replace(METHODS["map"], version=1))
     other = keys_of(tmp_path, PIPELINE, data)
     for kind in ("heads", "metrics"):
         renewed = [a != b for a, b in zip(base[kind], other[kind], strict=True)]

@@ -23,9 +23,7 @@ trained weights, so neither enters the weights' cache key; both enter the finger
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,15 +37,21 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from etn_cli.backbones.base import Backbone, backbones
+from etn_cli.backbones.digits_recipe import (
+    CODE_VERSION,
+    META_FILE,
+    NOT_BUILT,
+    WEIGHTS_FILE,
+    cache_key,
+    check_layers,
+    digits_fingerprint,
+    recorded_sha256,
+)
 from etn_cli.backbones.settings import DigitsCNNConfig as Config
 from etn_cli.backbones.torchvision_hooks import named_layers, pool
 from etn_cli.datasets.base import Split
 from etn_cli.datasets.digits import ID_CLASSES, Digits
 from etn_cli.errors import DamagedArtefact, EtnError
-
-CODE_VERSION = "2"  # bump whenever the architecture or training recipe changes (2: float64)
-WEIGHTS_FILE = "model.safetensors"
-META_FILE = "meta.json"  # how the weights were trained, and their sha256 (checked at each load)
 
 
 class DigitsCNN(nn.Module):
@@ -74,16 +78,6 @@ class DigitsCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.forward_features(x))  # (B, C)
-
-
-def cache_key(config: Config, train_fingerprint: dict[str, Any]) -> str:
-    """A short sha256 of everything that determines the trained weights."""
-    payload = {
-        "config": config.training(),
-        "train": train_fingerprint,
-        "code_version": CODE_VERSION,
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @contextlib.contextmanager
@@ -144,20 +138,6 @@ def train_and_save(config: Config, train: Split, test: Split, folder: Path) -> d
     }
 
 
-# The modules of DigitsCNN by name (``named_modules()`` less the model itself), so that a
-# misspelt ``layers`` entry is refused while planning, before any model is built.
-MODULE_NAMES = (
-    "features", *(f"features.{i}" for i in range(8)), "dropout", "classifier"
-)  # fmt: skip
-
-
-class _Named:
-    """Stands in for the model where only its module names are asked for."""
-
-    def named_modules(self) -> list[tuple[str, None]]:
-        return [(name, None) for name in MODULE_NAMES]
-
-
 @contextlib.contextmanager
 def pooled_outputs(modules: dict[str, nn.Module]) -> Iterator[dict[str, torch.Tensor]]:
     """Forward hooks that store each module's pooled output (float32, CPU) into the yielded
@@ -188,10 +168,9 @@ class DigitsCNNBackbone(Backbone):
 
     def __init__(self, config: Config | None, cache_dir: Path, device: str = "cpu") -> None:
         super().__init__(config if config is not None else Config(), cache_dir, device)
-        named_layers(_Named(), self.config.layers)  # a misspelt layer: refused while planning
-        train_fingerprint = Digits().split_fingerprint("train")  # no data loaded
-        self.folder = self.cache_dir / f"{self.name}-{cache_key(self.config, train_fingerprint)}"
-        self.weights_sha256 = "not built"
+        check_layers(self.config.layers)  # a misspelt layer: refused while planning
+        self.folder = self.cache_dir / f"{self.name}-{cache_key(self.config)}"
+        self.weights_sha256 = NOT_BUILT
         self._model: DigitsCNN | None = None
         self._layers: dict[str, nn.Module] | None = None
 
@@ -209,12 +188,7 @@ class DigitsCNNBackbone(Backbone):
     def use_cache(self, record: dict[str, Any] | None) -> None:
         """The weights' sha256 that ``meta.json`` records (an older etn's, listing none: the
         file's own), or "not built"; the model is loaded from them at first use."""
-        files = (record or {}).get("files")
-        recorded = files.get(WEIGHTS_FILE) if isinstance(files, dict) else None
-        weights = self.folder / WEIGHTS_FILE
-        if record is not None and recorded is None and weights.is_file():
-            recorded = hashlib.sha256(weights.read_bytes()).hexdigest()
-        self.weights_sha256 = recorded or "not built"
+        self.weights_sha256 = recorded_sha256(self.folder, record)
         self._model, self._layers = None, None
 
     @property
@@ -235,7 +209,7 @@ class DigitsCNNBackbone(Backbone):
         """The CNN with the weights in :attr:`folder`, checked against their recorded sha256."""
         weights = self.folder / WEIGHTS_FILE
         fix = f"Delete {self.folder} and run again to retrain it."
-        if self.weights_sha256 == "not built" or not weights.is_file():
+        if self.weights_sha256 == NOT_BUILT or not weights.is_file():
             raise EtnError(
                 f"Expected the trained digits CNN in {self.folder}, found none. Run `etn extract` "
                 "or `etn run` on the pipeline (they train it once)."
@@ -260,12 +234,7 @@ class DigitsCNNBackbone(Backbone):
         return model.eval()
 
     def fingerprint(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "config": dataclasses.asdict(self.config),
-            "weights_sha256": self.weights_sha256,
-            "code_version": CODE_VERSION,
-        }
+        return digits_fingerprint(self.config, self.weights_sha256)
 
     @property
     def num_classes(self) -> int:

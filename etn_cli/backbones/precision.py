@@ -8,8 +8,9 @@ on the CPU as well (torch's CPU autocast for torchvision models, half-precision 
 Hugging Face models). The resolved dtype, never ``"auto"``, enters the features' fingerprint,
 so features computed in bfloat16 on a GPU and in float32 on a CPU never share a cache key.
 
-The device a plan resolves ``"auto"`` for is the one the run will use (:func:`planned_device`),
-so the key written by ``etn status`` on a laptop equals the one ``etn run`` uses there.
+The device a plan resolves ``"auto"`` for is the one the run will use
+(:func:`etn_cli.planning.units.planned_device`), so the key written by ``etn status`` on a
+laptop equals the one ``etn run`` uses there.
 """
 
 from __future__ import annotations
@@ -24,14 +25,3 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
     if dtype != "auto":
         return dtype
     return "bfloat16" if torch.device(device).type == "cuda" else "float32"
-
-
-def planned_device(device: str) -> str:
-    """The device a run asked for ``device`` will use, without checking that it exists:
-    ``"auto"`` is CUDA where a GPU is visible, else the CPU."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        return str(torch.device(device))
-    except (RuntimeError, ValueError):
-        return "cpu"  # a wrong name fails later with a message of its own (resolve_device)

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from etn_cli.errors import EtnError, did_you_mean
+from etn_cli.backbones.layer_names import named_layers as named_layers  # torch-free
+from etn_cli.errors import EtnError
 
 
 def find_classifier(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]:
@@ -41,21 +42,6 @@ def find_classifier(model: nn.Module, name: str | None) -> tuple[str, nn.Linear]
             "nn.Linear module (see model.named_modules())."
         )
     return name, modules[name]
-
-
-def named_layers(model: nn.Module, names: tuple[str, ...]) -> dict[str, nn.Module]:
-    """The modules of ``model`` called ``names``; an unknown name raises, listing valid ones."""
-    modules = dict(model.named_modules())
-    modules.pop("", None)  # the model itself: its output is the logits, already stored
-    unknown = [name for name in names if name not in modules]
-    if unknown:
-        hint = did_you_mean(unknown[0], modules, n=3)
-        shown = ", ".join(list(modules)[:60]) + (", ..." if len(modules) > 60 else "")
-        raise EtnError(
-            f"Unknown layer(s) {unknown} in the backbone's layers option.{hint} Valid names: "
-            f"{shown}. Fix layers = [...] in the pipeline's [backbone] table."
-        )
-    return {name: modules[name] for name in names}
 
 
 @dataclass(frozen=True)

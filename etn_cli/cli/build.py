@@ -60,15 +60,21 @@ def load_plan(
     only: str | None = None,
     read_only: bool = False,
     device: str | None = None,
+    extracts: bool = False,
 ) -> Any:
-    """Load and plan a pipeline (planning reads files and builds nothing); a ``--device``
+    """Load and plan a pipeline (planning reads files and builds nothing, unless ``extracts``:
+    a command that extracts builds the backbone's stage zero while planning); a ``--device``
     replaces the pipeline's (``dtype = "auto"`` resolves for it)."""
     loaded = checked_pipeline(pipeline, overrides, only)
     data = resolve_data_dir(data_dir)  # a file given as the data directory before torch loads
+    loaded = dataclasses.replace(loaded, device=device) if device else loaded
+    if extracts:
+        from etn_cli.stages.prepare import plan_for_extract
+
+        return plan_for_extract(loaded, data)
     from etn_cli.planning.plan import make_plan
 
-    loaded = dataclasses.replace(loaded, device=device) if device else loaded
-    return make_plan(loaded, data)  # planning never builds anything
+    return make_plan(loaded, data)
 
 
 def plan_on(
@@ -78,6 +84,7 @@ def plan_on(
     overrides: list[str] | None = None,
     only: str | None = None,
     read_only: bool = False,
+    extracts: bool = False,
 ) -> tuple[Any, str]:
     """The plan and the checked device of a command that builds: a device this machine lacks
     is refused before anything is built. A ``read_only`` command (``predict``) creates no data
@@ -90,7 +97,7 @@ def plan_on(
     dev = resolve_device(device or loaded.device)
     if not read_only:
         ensure_data_dir(data)
-    return load_plan(pipeline, data_dir, overrides, only, read_only, device), dev
+    return load_plan(pipeline, data_dir, overrides, only, read_only, device, extracts), dev
 
 
 def run(
@@ -132,12 +139,14 @@ def run(
     fmt, metric = check_format(format), check_metric(metric)
     check_pipelines(pipelines, overrides, only, device)
     data = resolve_data_dir(data_dir)
-    from etn_cli.stages.run import RunOptions, dry_run_report, run_many
+    from etn_cli.stages.dry_run import RunOptions, dry_run_report
 
     options = RunOptions(fmt, metric, tuple(overrides or ()), only_heads(only), fail_fast)
     if dry_run:
         typer.echo(dry_run_report(pipelines, data, options, device))
         return
+    from etn_cli.stages.run import run_many
+
     try:
         outcomes = run_many(pipelines, data, device=device, options=options)
     except KeyboardInterrupt:  # no failure: the units finished so far are sealed and kept
@@ -236,7 +245,7 @@ def extract(
     Under torchrun (torchrun --nproc-per-node N -m etn_cli extract ...) each rank extracts a
     share of every split on its own GPU and rank 0 merges them; the result is the same."""
     progress.configure(quiet=quiet, verbose=verbose)
-    plan, dev = plan_on(pipeline, data_dir, device, overrides)
+    plan, dev = plan_on(pipeline, data_dir, device, overrides, extracts=True)
     from etn_cli.stages.extract import extract as run_extract
 
     summary = run_extract(plan, device=dev).summary()

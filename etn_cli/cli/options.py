@@ -113,7 +113,7 @@ OTHER_TORCH_DEVICES += ("ideep",)
 
 def check_device_name(device: str) -> str:
     """``device`` if it names a device etn runs on (``auto``, ``cpu``, ``cuda``, ``cuda:N``,
-    ``mps``), refused in the words :func:`etn_cli.stages.run.resolve_device` uses otherwise;
+    ``mps``), refused in the words :func:`etn_cli.stages.distributed.resolve_device` uses otherwise;
     whether this machine has it is for that function (it imports torch), this one does not."""
     if DEVICES.fullmatch(device):
         return device

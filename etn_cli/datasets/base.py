@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-from torch.utils.data import Dataset as TorchDataset
 
 from etn_cli.datasets import datasets as datasets  # the registry, for the modules that register
 from etn_cli.datasets.settings import no_root
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset as TorchDataset
 
 
 @dataclass

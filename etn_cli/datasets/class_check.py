@@ -49,9 +49,9 @@ def check_planned_classes(plan: Any) -> None:
     """:func:`check_id_classes` before any work, where the backbone knows its class count
     without building its model (an LLM's answer letters): what a run would refuse after
     loading the model, a dry run and a run's up-front check refuse already."""
-    backbone = plan.backbone
-    if backbone is not None and backbone.planned_num_classes is not None:
-        check_id_classes(plan, backbone)
+    spec = plan.backbone
+    if spec is not None and spec.planned_num_classes is not None:
+        check_id_classes(plan, spec.build())  # the class count without the model
 
 
 def check_split_classes(

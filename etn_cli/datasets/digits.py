@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import TensorDataset
 
 from etn_cli.datasets.base import DatasetSource, Split, datasets
 from etn_cli.datasets.settings import refuse_options
@@ -99,6 +97,9 @@ def base_fingerprint(name: str, split: str, classes: tuple[int, ...]) -> dict[st
 
 def make_split(source: DigitsSource, split: str, rows: np.ndarray, images: np.ndarray) -> Split:
     """Wrap ``images`` (N, 1, 8, 8) of the given source ``rows`` as a :class:`Split`."""
+    import torch
+    from torch.utils.data import TensorDataset
+
     labels = torch.from_numpy(load_raw()[1][rows].copy())  # (N,)
     data = TensorDataset(torch.from_numpy(np.array(images, dtype=np.float32)), labels)
     index = rows.astype(np.int64)  # (N,)

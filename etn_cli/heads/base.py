@@ -19,10 +19,9 @@ from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError
 from etn_cli.heads import heads as heads  # the registry, for the modules that register
 from etn_cli.heads.calibration import apply_temperature, fit_temperature
+from etn_cli.heads.facts import HEAD_FORMAT  # in every key: torch-free
 from etn_cli.heads.settings import HeadConfig
 from etn_cli.store.artefacts.headfiles import seal_head_files
-
-HEAD_FORMAT = 1
 
 
 @dataclass

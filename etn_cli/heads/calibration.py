@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from scipy.special import softmax
 
-CALIBRATION_VERSION = 1  # in the key of every calibrated head: 1, the fallback rules of issue 29
 T_MIN, T_MAX = 1e-2, 1e2
 LOG_FLOOR = 1e-300  # log(0) would be -inf; the smallest positive float64 is ~5e-324
 NEWTON_STEPS = 100

@@ -4,6 +4,7 @@ from their manifests, their shards' checksums or the imported file's sha256."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from etn_cli.errors import EtnError
@@ -49,15 +50,16 @@ def own_features(pipeline: Pipeline, data_dir: Path) -> Plan:
         id_dataset=spec.id_dataset,
         adapt=unit("adapt", spec.adapt, spec.id_dataset),
         test=unit("test", spec.test, spec.id_dataset),
-        ood=[unit("ood", entry, names[entry]) for entry in spec.ood],
+        ood=tuple(unit("ood", entry, names[entry]) for entry in spec.ood),
         classifier_path=None,
         fit=unit("fit", spec.fit, Path(spec.fit).stem) if spec.fit else None,
         groups=group_of(spec.groups, names),
     )
-    plan.calibration = own_calibration(pipeline, spec, unit, plan.test.path)
-    plan.classifier_source = units.classifier_source(pipeline, plan)
-    plan.classifier_path = units.classifier_path(store, plan.classifier_source)
-    return plan
+    calibration = own_calibration(pipeline, spec, unit, plan.test.path)
+    plan = dataclasses.replace(plan, calibration=calibration)
+    source = units.classifier_source(pipeline, plan)
+    path = units.classifier_path(store, source)
+    return dataclasses.replace(plan, classifier_source=source, classifier_path=path)
 
 
 def own_calibration(

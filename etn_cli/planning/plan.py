@@ -19,20 +19,29 @@ gives a new key, and a rerun finds the finished units and skips them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from etn_cli.config import config_dict
+from etn_cli.config import build_config, config_dict
 from etn_cli.errors import EtnError, did_you_mean
-from etn_cli.heads.base import HEAD_FORMAT
-from etn_cli.heads.calibration import CALIBRATION_VERSION
+from etn_cli.heads.facts import CALIBRATION_VERSION, HEAD_FORMAT
 from etn_cli.own_features.units import drop_unusable
+from etn_cli.planning.backbone import planned_backbone
 from etn_cli.planning.own import own_features
-from etn_cli.planning.pipeline import HeadSpec, Pipeline, check_groups, missing_root
-from etn_cli.planning.units import FeatureUnit, FinetuneUnit, HeadUnit, MetricsUnit, Plan, group_of
-from etn_cli.store.artefacts.records import intact_record
+from etn_cli.planning.pipeline import HeadSpec, Pipeline, check_groups, check_names, missing_root
+from etn_cli.planning.units import (
+    BackboneSpec,
+    FeatureUnit,
+    FinetuneUnit,
+    HeadUnit,
+    MetricsUnit,
+    Plan,
+    PlannedHead,
+    group_of,
+)
 from etn_cli.store.content import use_data_dir
 from etn_cli.store.fingerprint import fingerprint_key
 
@@ -46,13 +55,24 @@ FINETUNE_VERSION = 1
 RUNTIME_SETTINGS = ("workers", "gradient_checkpointing")
 
 
-def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
+# a command that extracts builds the backbone's stage zero while planning: given the planned
+# spec and a way to plan it again, it returns the spec as built (:mod:`etn_cli.stages.prepare`)
+StageZero = Callable[[BackboneSpec, Callable[[], BackboneSpec]], BackboneSpec]
+
+
+def make_plan(pipeline: Pipeline, data_dir: Path, stage_zero: StageZero | None = None) -> Plan:
     """All units of ``pipeline`` with their keys and paths, from files and settings: nothing is
-    built, trained, loaded or written, and no device is touched."""
+    built, trained, loaded or written, no device is touched and torch is not imported. With
+    ``stage_zero`` (commands that extract), the backbone's stage zero is built once the names
+    and input files are checked, before the features are keyed by what it built."""
     data_dir = Path(data_dir).resolve()
     use_data_dir(data_dir)  # the digests of your input files are remembered there
+    check_names(pipeline)  # the registries' tables: no head, backbone or dataset imported
     _check_names(pipeline)  # a misspelt name fails before a backbone builds anything
-    plan = own_features(pipeline, data_dir) if pipeline.features else _extracted(pipeline, data_dir)
+    if pipeline.features:
+        plan = own_features(pipeline, data_dir)
+    else:
+        plan = _extracted(pipeline, data_dir, stage_zero)
     names = [unit.name for unit in plan.ood]
     if len(set(names)) < len(names):  # one name, one metrics key: a second set would vanish
         twice = sorted({name for name in names if names.count(name) > 1})
@@ -60,17 +80,9 @@ def make_plan(pipeline: Pipeline, data_dir: Path) -> Plan:
             f"{pipeline.path}: the OOD sets {twice} appear twice under one name. List each OOD "
             "set once."
         )
-    plan.heads, plan.skipped = drop_unusable(_head_units(plan), plan)
-    plan.metrics = [_metrics_unit(plan, unit) for unit in plan.heads]
-    return plan
-
-
-def replan(plan: Plan) -> None:
-    """Make ``plan`` again in place, after stage zero built what its keys name (the digits
-    CNN's weights): whoever holds the plan then sees the units' new keys."""
-    fresh = make_plan(plan.pipeline, plan.data_dir)
-    for field in dataclasses.fields(plan):
-        setattr(plan, field.name, getattr(fresh, field.name))
+    heads, skipped = drop_unusable(_head_units(plan), plan)
+    plan = dataclasses.replace(plan, heads=tuple(heads), skipped=tuple(skipped))
+    return dataclasses.replace(plan, metrics=tuple(_metrics_unit(plan, unit) for unit in heads))
 
 
 def open_source(pipeline: Pipeline, dataset: str) -> Any:
@@ -119,19 +131,9 @@ def checked_source(pipeline: Pipeline, dataset: str, split: str, where: str = ""
 
 def _check_names(pipeline: Pipeline) -> None:
     """Heads with their settings, datasets and splits exist; checked before anything is built."""
-    from etn_cli.heads import heads
-
     for spec in pipeline.heads:
-        try:
-            heads.get(spec.name)(**spec.settings)
-        except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
-            message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
-            raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+        planned_head(pipeline, spec, 0)  # settings that only a head's settings class refuses
     _check_odin_temperature(pipeline)
-    if pipeline.backbone is not None:
-        from etn_cli.backbones import backbones
-
-        _named(pipeline, "[backbone] name", backbones.get, pipeline.backbone)
     data = pipeline.data
     if data is not None:
         from etn_cli.datasets import datasets
@@ -204,32 +206,12 @@ def _named(pipeline: Pipeline, where: str, get: Any, name: str) -> None:
         raise EtnError(f"{pipeline.path} {where}: {err}") from None
 
 
-def _resolve_path_options(pipeline: Pipeline, keys: tuple[str, ...]) -> dict[str, Any]:
-    """Backbone options naming files (a checkpoint, a model folder, an adapter) are relative to
-    the pipeline file when such a file exists there; otherwise they stay as written (a hub id,
-    a weights enum name, or a path relative to the working directory)."""
-    options = dict(pipeline.backbone_options)
-    for key in keys:
-        value = options.get(key)
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            candidate = pipeline.resolve(value)
-            if candidate.exists():
-                options[key] = str(candidate)
-    return options
-
-
-def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
-    from etn_cli.backbones import backbones
-    from etn_cli.backbones.precision import planned_device
-    from etn_cli.config import build_config
-
+def _extracted(pipeline: Pipeline, data_dir: Path, stage_zero: StageZero | None) -> Plan:
     assert pipeline.data is not None and pipeline.backbone is not None
-    cls = backbones.get(pipeline.backbone)
-    options = _resolve_path_options(pipeline, getattr(cls, "PATH_OPTIONS", ()))
-    config = build_config(cls.Config, options, f"{pipeline.path} [backbone]")
-    device = planned_device(pipeline.device)  # dtype = "auto" resolves for the run's device
-    backbone = planned(cls(config, cache_dir=data_dir / "backbones", device=device))
-    backbone_fp = backbone.fingerprint()
+    backbone = planned_backbone(pipeline, data_dir)
+    if stage_zero is not None:
+        backbone = stage_zero(backbone, lambda: planned_backbone(pipeline, data_dir))
+    backbone_fp = backbone.fingerprint
     problems: list[str] = []  # every split's missing files, named at once
     finetune = _finetune_unit(pipeline, data_dir, backbone, problems) if pipeline.finetune else None
     if finetune is not None:
@@ -279,21 +261,13 @@ def _extracted(pipeline: Pipeline, data_dir: Path) -> Plan:
         calibration=calibration,
         adapt=adapt,
         test=test,
-        ood=ood,
+        ood=tuple(ood),
         classifier_path=root / "classifier.safetensors",
         fit=fit,
         groups=group_of(data.groups, dict(zip(data.ood, names, strict=True))),
         backbone=backbone,
         finetune=finetune,
     )
-
-
-def planned(backbone: Any) -> Any:
-    """``backbone`` told what its stage zero's record says (the digits CNN's weights' sha256,
-    for its fingerprint), read and never built."""
-    if (folder := backbone.cache_folder()) is not None:
-        backbone.use_cache(intact_record(folder, backbone.cache_record))
-    return backbone
 
 
 def _split_fingerprint(source: Any, split: str, problems: list[str]) -> dict[str, Any]:
@@ -319,23 +293,23 @@ def input_problems(problems: list[str]) -> EtnError:
 
 
 def _finetune_unit(
-    pipeline: Pipeline, data_dir: Path, backbone: Any, problems: list[str]
+    pipeline: Pipeline, data_dir: Path, backbone: BackboneSpec, problems: list[str]
 ) -> FinetuneUnit:
     """The ``[finetune]`` unit: its key covers the backbone as configured, the training split
     and the settings (checked and completed with defaults when the backbone declares a
     ``FinetuneConfig``), so a changed setting trains anew and an unchanged one never does."""
-    from etn_cli.config import build_config
+    from etn_cli.backbones import settings_of
 
     spec, data = pipeline.finetune, pipeline.data
     assert spec is not None and data is not None
     source = checked_source(pipeline, data.id, spec.split, " [finetune]")
     settings = dict(spec.settings)
-    config_cls = getattr(backbone, "FinetuneConfig", None)
+    config_cls = settings_of(backbone.name)[1]
     if config_cls is not None:
         checked = build_config(config_cls, settings, f"{pipeline.path} [finetune]")
         settings = config_dict(checked)
     fp = {
-        "backbone": backbone.fingerprint(),
+        "backbone": backbone.fingerprint,
         "dataset": data.id,
         "split": spec.split,
         "source": _split_fingerprint(source, spec.split, problems),
@@ -363,6 +337,22 @@ def sweep_label(label: str, point: dict[str, Any], variant_in_label: bool) -> st
     return f"{label} ({', '.join(f'{k}={v}' for k, v in shown.items())})" if shown else label
 
 
+def planned_head(pipeline: Pipeline, spec: HeadSpec, seed: int) -> PlannedHead:
+    """The head ``spec`` names with its settings and ``seed``, checked against its settings
+    class (as the head checks them) without importing it."""
+    from etn_cli.heads import heads, settings_of
+
+    name = heads.canonical(spec.name)
+    settings = spec.settings | {"seed": seed}
+    try:
+        config = build_config(settings_of(name), settings, f"head {name!r}")
+    except EtnError as err:  # the entry is named once: "... [[heads]] 'etn': key 'lr' ..."
+        message = str(err).replace(f"head {spec.name!r} key ", "key ", 1)
+        message = message.replace(f"head {name!r} key ", "key ", 1)
+        raise EtnError(f"{pipeline.path} [[heads]] {spec.name!r}: {message}") from None
+    return PlannedHead(name, settings, config)
+
+
 def _head_units(plan: Plan) -> list[HeadUnit]:
     from etn_cli.catalogue import METHODS
     from etn_cli.heads import heads
@@ -372,7 +362,7 @@ def _head_units(plan: Plan) -> list[HeadUnit]:
         seeds = spec.seeds or plan.pipeline.seeds
         seed_free = METHODS[heads.canonical(spec.name)].seed_free
         for seed in seeds[:1] if seed_free and not spec.seeds else seeds:
-            head = heads.get(spec.name)(**(spec.settings | {"seed": seed}))
+            head = planned_head(plan.pipeline, spec, seed)
             fp = {
                 "head": head.name,
                 "config": config_dict(head.config),

@@ -1,6 +1,10 @@
 """The units of work a plan is made of (cached features, a fine-tuned backbone, a trained head,
 its metrics file) and the plan that holds them; :mod:`etn_cli.planning.plan` resolves a
-pipeline into them, :mod:`etn_cli.planning.own` for the user's own shard folders."""
+pipeline into them, :mod:`etn_cli.planning.own` for the user's own shard folders.
+
+A plan holds specs (names, settings, keys), never a live head or backbone, and imports no
+torch: ``etn status``, ``etn report`` and ``--dry-run`` plan without it. The stages build the
+live objects from the specs (:meth:`PlannedHead.build`, :meth:`BackboneSpec.build`)."""
 
 from __future__ import annotations
 
@@ -8,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etn_cli.heads.base import Head
+from etn_cli.catalogue import METHODS, Method
+from etn_cli.heads import facts as head_facts
 from etn_cli.planning.pipeline import Pipeline
 
 
-@dataclass
+@dataclass(frozen=True)
 class FeatureUnit:
     """One (backbone, dataset, split) of cached features."""
 
@@ -35,7 +40,7 @@ class FeatureUnit:
         return self.path.name.rsplit("-", 1)[-1]
 
 
-@dataclass
+@dataclass(frozen=True)
 class FinetuneUnit:
     """Stage zero: the backbone trained on one split, in a content-keyed folder."""
 
@@ -54,43 +59,147 @@ class FinetuneUnit:
         return (Path(self.path) / self.RECORD).is_file()
 
 
-@dataclass
+@dataclass(frozen=True)
+class PlannedHead:
+    """One head as planned: its registered name, its settings (the seed included) and the
+    checked settings object; what it reads from the cache, from its record in
+    :mod:`etn_cli.catalogue`. :meth:`build` makes the live head (and imports torch)."""
+
+    name: str
+    settings: dict[str, Any]
+    config: Any  # the head's settings class, checked and completed with defaults
+
+    @property
+    def record(self) -> Method:
+        return METHODS[self.name]
+
+    @property
+    def label(self) -> str:
+        return self.record.label
+
+    @property
+    def family(self) -> str:
+        return self.record.family
+
+    @property
+    def needs_classifier(self) -> bool:
+        return "classifier" in self.record.needs
+
+    @property
+    def needs_layers(self) -> bool:
+        return "layers" in self.record.needs
+
+    @property
+    def needs_id_statistics(self) -> bool:
+        return "id_statistics" in self.record.needs
+
+    @property
+    def needs_every_class(self) -> bool:
+        return "every_class" in self.record.needs
+
+    @property
+    def seed_free(self) -> bool:
+        return bool(self.record.seed_free)
+
+    @property
+    def version(self) -> int:
+        return self.record.version
+
+    @property
+    def variant(self) -> str:
+        return head_facts.planned_variant(self.name, self.config)
+
+    @property
+    def display_label(self) -> str:
+        return head_facts.planned_label(self.name, self.label, self.config)
+
+    def build(self) -> Any:
+        """The live head, unfitted (imports its module, and torch)."""
+        from etn_cli.heads import heads
+
+        return heads.get(self.name)(**self.settings)
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """The backbone a plan extracts with: its name, checked options, the device it was
+    planned for and what planning computed of it (its fingerprint, the folder of its stage
+    zero, its class count where known without the model). :meth:`build` makes the live one."""
+
+    name: str
+    config: Any
+    cache_dir: Path
+    device: str
+    fingerprint: dict[str, Any]
+    cache_folder: Path | None = None  # stage zero (the digits CNN's weights), keyed by recipe
+    cache_record: str = "meta.json"
+    planned_num_classes: int | None = None
+
+    def build(self, device: str | None = None) -> Any:
+        """The live backbone on ``device`` (the planned one by default), its model not yet
+        loaded (imports its module, and torch)."""
+        from etn_cli.backbones import backbones
+
+        cls = backbones.get(self.name)
+        device = planned_device(device or self.device)  # "auto": CUDA where there is a GPU
+        return cls(self.config, cache_dir=self.cache_dir, device=device)
+
+
+def planned_device(device: str) -> str:
+    """The device a run asked for ``device`` will use, without checking that it exists:
+    ``"auto"`` is CUDA where a GPU is visible, else the CPU (always, without torch)."""
+    try:
+        import torch
+    except ImportError:  # nothing runs without torch: a plan to read, status, a dry run
+        return "cpu" if device == "auto" else device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return str(torch.device(device))
+    except (RuntimeError, ValueError):
+        return "cpu"  # a wrong name fails later with a message of its own (resolve_device)
+
+
+@dataclass(frozen=True)
 class HeadUnit:
     spec_index: int
-    head: Head
+    head: PlannedHead
     seed: int
     label: str
     path: Path
     key: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class MetricsUnit:
     head: HeadUnit
     path: Path
     key: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """Every unit of one pipeline, keyed, as :func:`~etn_cli.planning.plan.make_plan` made it
+    once: specs, never a live head or backbone, and never changed afterwards."""
+
     pipeline: Pipeline
     data_dir: Path
     backbone_name: str
     id_dataset: str
     adapt: FeatureUnit
     test: FeatureUnit
-    ood: list[FeatureUnit]
+    ood: tuple[FeatureUnit, ...]
     classifier_path: Path | None
     fit: FeatureUnit | None = None  # ID statistics' split (``[data] fit``), if any
     groups: dict[str, str] = field(default_factory=dict)  # OOD eval set -> its group
-    backbone: Any = None  # the (not yet loaded) Backbone when etn extracts
+    backbone: BackboneSpec | None = None  # the backbone's spec when etn extracts
     finetune: FinetuneUnit | None = None  # when the pipeline has a [finetune] table
-    heads: list[HeadUnit] = field(default_factory=list)
-    metrics: list[MetricsUnit] = field(default_factory=list)
+    heads: tuple[HeadUnit, ...] = ()
+    metrics: tuple[MetricsUnit, ...] = ()
     # [features] pipelines: where the classifier comes from (given, in a file, fitted), and
     # one line per head left out for want of one
     classifier_source: dict[str, Any] | None = None
-    skipped: list[str] = field(default_factory=list)
+    skipped: tuple[str, ...] = ()
     calibration: FeatureUnit | None = None  # [conformal]'s rows, unless part of the test split
 
     @property

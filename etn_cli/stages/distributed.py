@@ -199,3 +199,35 @@ def _collective(call: Callable[[], Any], what: str, world: World) -> None:
             "probably died or was killed. Its output says why; run the same torchrun command "
             "again to resume."
         ) from None
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` as ``cuda`` where a GPU is visible, else ``cpu``; any other name is checked
+    here, before any work, so a wrong one is one line instead of a traceback mid-run."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise EtnError(
+            f"Unknown device {device!r}. Use cpu, cuda, cuda:N, mps or auto (the default)."
+        ) from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise EtnError(
+                f"Device {device!r}: this machine has no CUDA GPU (or torch {torch.__version__} "
+                "was built without CUDA). Use --device cpu, or leave --device out (auto)."
+            )
+        if parsed.index is not None and parsed.index >= count:
+            raise EtnError(
+                f"Device {device!r}: this machine shows {count} CUDA GPU(s), cuda:0 to "
+                f"cuda:{count - 1}. Pick one of those."
+            )
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise EtnError(f"Device {device!r}: MPS is not available here. Use --device cpu.")
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        raise EtnError(f"Device {device!r}: etn runs on cpu, cuda or mps, not {parsed.type}.")
+    return device

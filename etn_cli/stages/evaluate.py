@@ -44,9 +44,10 @@ from etn_cli.stages.failure_records import recorded_failure
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.train import check_plan_features, unit_name
 from etn_cli.stages.units import Unit, build_units
+from etn_cli.store.artefacts.damage import metrics_damage
 from etn_cli.store.artefacts.headfiles import RECORD, check_head_folder
 from etn_cli.store.artefacts.predictions import predictions_path, rows_frame
-from etn_cli.store.artefacts.sealed import seal_state, sidecar, write_sealed
+from etn_cli.store.artefacts.sealed import sidecar, write_sealed
 from etn_cli.store.atomic import remove_tmp
 from etn_cli.store.reading.consistency import check_varies
 from etn_cli.store.reading.reader import read_split
@@ -118,17 +119,6 @@ class MetricsFile(Unit):
         frame, rows = self.score(self.unit)
         write_sealed(self.rows_path, parquet_bytes(rows))  # first: see prediction_rows
         write_sealed(self.path, parquet_bytes(frame))
-
-
-def metrics_damage(path: Path) -> str | None:
-    """None when the metrics file at ``path`` and its predictions file
-    (:mod:`etn_cli.store.artefacts.predictions`) agree with their recorded sha256; else why not."""
-    for part in (path, predictions_path(path)):
-        if not part.exists() and not sidecar(part).exists():
-            return "missing"
-        if (state := seal_state(part)) is not None:
-            return state
-    return None
 
 
 def load_head(unit: MetricsUnit) -> Head:

@@ -45,11 +45,12 @@ from etn_cli.provenance import provenance
 from etn_cli.stages.distributed import World, current_world, from_main, join, rank_device
 from etn_cli.stages.extract_ranks import claim, manifest_fields, open_share, publish_split
 from etn_cli.stages.input_checks import check_splits
-from etn_cli.stages.prepare import prepare, require_prepared
+from etn_cli.stages.prepare import require_prepared
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.shard_sink import BackgroundAppender, shard_sink
 from etn_cli.stages.units import Unit, build_unit, build_units
-from etn_cli.store.artefacts.classifier import load_classifier, save_classifier
+from etn_cli.store.artefacts.classifier import save_classifier
+from etn_cli.store.artefacts.damage import classifier_damage
 from etn_cli.store.content import save_memos
 from etn_cli.store.fingerprint import canonical_json
 from etn_cli.store.reading.reader import split_damage
@@ -69,12 +70,12 @@ def extract(plan: Plan, *, device: str = "cpu") -> StageResult:
     with explained_storage_errors():
         join(world)
         device = rank_device(device, world)
-        prepare(plan)  # stage zero: a backbone etn builds itself (the digits CNN), once
+        refuse_unprepared(plan)  # the features' keys name the weights stage zero built
         backbone = functools.cache(lambda: load_backbone(plan, device))  # only if there is work
         splits = {unit.path: unit_split(plan, unit) for unit in plan.feature_units}
         pending = [unit for unit in plan.feature_units if not split_is_complete(unit.path)]
         if pending:  # every input checked and the model loaded before anything is written
-            transform = getattr(plan.backbone, "transform", None)  # images: their sizes
+            transform = getattr(backbone(), "transform", None)  # images: their sizes
             check = functools.partial(check_pending_inputs, pending, splits, transform)
             from_main(world, check, "checking the input files")
             load_weights(backbone())
@@ -173,7 +174,7 @@ def extract_unit(
         report_fields = functools.partial(manifest_fields, plan, unit, layout, world, started)
 
         def fields(reports: list[dict]) -> dict[str, Any]:  # and e.g. an LLM's example prompt
-            return report_fields(reports) | plan.backbone.manifest_extras(split())
+            return report_fields(reports) | backbone().manifest_extras(split())
 
         def write() -> dict[str, Any]:
             return write_share(plan, unit, layout, split, backbone, device, world, fields)
@@ -266,18 +267,24 @@ def split_name(unit: FeatureUnit) -> str:
     return f"{unit.dataset}.{unit.split}" + (" (held out for calibration)" if held_out else "")
 
 
-def load_backbone(plan: Plan, device: str) -> Any:
-    """The plan's backbone on ``device``, with ``etn finetune``'s output when the pipeline has
-    a ``[finetune]`` table (a fresh instance, so the plan's copy keeps its fingerprint)."""
-    import torch
+def refuse_unprepared(plan: Plan) -> None:
+    """A plan made before the backbone's stage zero was built names features by weights that
+    did not exist yet: one line saying how to plan for extraction instead."""
+    spec = plan.backbone
+    if spec is not None and spec.cache_folder is not None and not spec.cache_folder.is_dir():
+        raise EtnError(
+            f"Expected the {spec.name} backbone built in {spec.cache_folder} before the plan "
+            "was made, found none: its features are keyed by its weights. Plan with "
+            "etn_cli.stages.prepare.plan_for_extract (as `etn extract` and `etn run` do)."
+        )
 
+
+def load_backbone(plan: Plan, device: str) -> Any:
+    """The plan's backbone, built from its spec on ``device``, with ``etn finetune``'s output
+    when the pipeline has a ``[finetune]`` table."""
     from etn_cli.stages.finetune import require_finetuned
 
-    template = plan.backbone
-    if plan.finetune is None and template.device == torch.device(device):
-        backbone = template
-    else:
-        backbone = type(template)(template.config, template.cache_dir, device)
+    backbone = plan.backbone.build(device)
     if plan.finetune is not None:
         backbone.use_finetuned(require_finetuned(plan.finetune))
     require_prepared(backbone)  # the digits CNN's weights, checked
@@ -312,14 +319,3 @@ class ExtractedClassifier(Unit):
     def write(self, force: bool) -> None:
         weights = self.backbone().classifier()
         save_classifier(self.path, weights["weight"], weights["bias"], provenance())
-
-
-def classifier_damage(path: Path) -> str | None:
-    """None when the stored classifier reads and matches its recorded sha256; else why not."""
-    if not path.exists():
-        return "missing"
-    try:
-        load_classifier(path)
-    except EtnError as err:
-        return str(err)
-    return None

@@ -72,8 +72,7 @@ class FinetunedBackbone(Unit):
 
 def train_and_save(plan: Plan, unit: FinetuneUnit, device: str, folder: Path) -> dict[str, Any]:
     """Train the backbone into ``folder``; return the record of what was done."""
-    template = plan.backbone
-    backbone = type(template)(template.config, template.cache_dir, device)
+    backbone = plan.backbone.build(device)
     train = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
     started = time.perf_counter()
     record = backbone.finetune(train, dict(unit.settings), folder)

@@ -191,7 +191,8 @@ def check_planned_inputs(plan: Any, every_class: bool = False) -> None:
         if not split_is_complete(unit.path):
             named.append((unit, functools.partial(load_unit_split, plan.pipeline, unit)))
     roles = every_class_roles(plan) if every_class else None
-    check_splits(named, getattr(plan.backbone, "transform", None), roles)
+    live = plan.backbone.build() if plan.backbone is not None else None  # its model not built
+    check_splits(named, getattr(live, "transform", None), roles)
 
 
 def every_class_roles(plan: Any) -> dict[str, list[str]]:

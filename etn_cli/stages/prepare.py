@@ -1,54 +1,66 @@
 """Stage zero of a backbone that etn builds itself before extracting (the digits CNN's trained
 weights), as ``etn finetune`` is for a fine-tuned one.
 
-The backbone names the folder (:meth:`~etn_cli.backbones.base.Backbone.cache_folder`, keyed
-by its settings) and builds into it (``build_cache``); the unit driver (:mod:`etn_cli.stages.units`)
-does the rest. Its line stands outside the run's ``[k/N]``: ``etn status`` counts no backbone.
-A built backbone's fingerprint names its weights, so the plan, made while it was not built, is
-made again with it (:func:`etn_cli.planning.plan.replan`): the feature keys follow the weights.
+The unit is keyed by the backbone's recipe (:attr:`~etn_cli.planning.units.BackboneSpec.
+cache_folder`, from its settings alone); the unit driver (:mod:`etn_cli.stages.units`) builds
+it. Its line stands outside the run's ``[k/N]``: ``etn status`` counts no backbone. A built
+backbone's fingerprint names its weights, so a command that extracts builds stage zero while
+the plan is made, before the features are keyed (:func:`plan_for_extract`): the plan is made
+once, with the keys the run writes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from etn_cli.errors import DamagedArtefact, EtnError
-from etn_cli.planning.plan import Plan, replan
+from etn_cli.planning.pipeline import Pipeline
+from etn_cli.planning.plan import Plan, make_plan
+from etn_cli.planning.units import BackboneSpec
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.units import Unit, build_unit
 from etn_cli.store.artefacts.records import files_damage, intact_record, read_record
 
 
-def prepare(plan: Plan) -> bool:
-    """Build the plan's backbone's stage zero unless it is intact; the plan is made again
-    when that changes its keys. True when something was built."""
-    backbone = plan.backbone
-    if backbone is None or backbone.cache_folder() is None:
-        return False
-    before = backbone.fingerprint()
-    built = prepared(backbone)
-    if backbone.fingerprint() != before:
-        replan(plan)
-    return built
+def plan_for_extract(pipeline: Pipeline, data_dir: Path) -> Plan:
+    """The plan of a command that extracts (``etn extract``, ``etn run``): every name and
+    input file checked first, then the backbone's stage zero built unless intact, then the
+    features keyed by what it built."""
+    return make_plan(pipeline, data_dir, stage_zero=prepare)
+
+
+def prepare(spec: BackboneSpec, replanned: Callable[[], BackboneSpec]) -> BackboneSpec:
+    """Build ``spec``'s stage zero unless it is intact; the spec as planned again from the
+    built record (``replanned``) when something was built, else ``spec``."""
+    if spec.cache_folder is None:
+        return spec
+    name = f"{spec.name} backbone"
+    unit = BackboneCache(spec.cache_folder, spec.cache_record, name, lambda: spec.build("cpu"))
+    return replanned() if build_unit(unit, StageResult("extract")) else spec
 
 
 def prepared(backbone: Any) -> bool:
-    """Build ``backbone``'s stage zero unless it is intact, then point the backbone at it
-    (its fingerprint and model). True when it was built."""
-    unit = BackboneCache(backbone)
+    """Build a live ``backbone``'s stage zero unless it is intact, then point the backbone at
+    it (its fingerprint and model). True when it was built."""
+    unit = BackboneCache(
+        backbone.cache_folder(), backbone.cache_record, f"{backbone.name} backbone",
+        lambda: backbone,
+    )  # fmt: skip
     built = build_unit(unit, StageResult("extract"))
     backbone.use_cache(intact_record(unit.path, unit.record))
     return built
 
 
 def require_prepared(backbone: Any) -> None:
-    """Point ``backbone`` at its stage zero, which must be intact: a damaged one is a
+    """Point a live ``backbone`` at its stage zero, which must be intact: a damaged one is a
     :class:`DamagedArtefact` (``etn run`` rebuilds it), a missing one says how to build it."""
     folder = backbone.cache_folder()
     if folder is None:
         return
-    unit = BackboneCache(backbone)
+    name = f"{backbone.name} backbone"
+    unit = BackboneCache(folder, backbone.cache_record, name, lambda: backbone)
     if (damage := unit.damage()) == "missing":
         raise EtnError(
             f"Expected the {backbone.name} backbone built in {folder}, found none. Run `etn "
@@ -67,22 +79,21 @@ class BackboneCache(Unit):
     quiet_skip = True
     why = "no cached weights with this key; trained once, on first use"
 
-    def __init__(self, backbone: Any) -> None:
-        self.backbone = backbone
-        self.path, self.name = backbone.cache_folder(), f"{backbone.name} backbone"
-        self.record = backbone.cache_record
-        self.again = f"Building the {backbone.name} backbone again."
+    def __init__(self, path: Path, record: str, name: str, live: Callable[[], Any]) -> None:
+        self.path, self.record, self.name, self.live = path, record, name, live
+        self.again = f"Building the {name} again."
 
     def damage(self) -> str | None:
+        what = self.name.removesuffix(" backbone")
         if not self.path.exists():
             return "missing"
         try:
             record = read_record(self.path, self.record)
         except EtnError as err:
-            return f"The {self.backbone.name} cache {self.path} is damaged: {err}"
+            return f"The {what} cache {self.path} is damaged: {err}"
         if not any(p.is_file() for p in Path(self.path).iterdir() if p.name != self.record):
-            return f"The {self.backbone.name} cache {self.path} holds nothing but {self.record}."
+            return f"The {what} cache {self.path} holds nothing but {self.record}."
         return files_damage(self.path, self.record, record)
 
     def build(self, folder: Path) -> dict[str, Any]:
-        return self.backbone.build_cache(folder)
+        return self.live().build_cache(folder)

@@ -17,7 +17,7 @@ from etn_cli.store.writing.manifest import load_manifest, split_is_complete
 
 def prompt_record(plan: Any) -> dict[str, Any]:
     """``example_prompt``, ``answer_tokens`` (letter -> id) and where they were read."""
-    if plan.backbone is None or not hasattr(plan.backbone, "manifest_extras"):
+    if plan.backbone is None:
         raise EtnError(f"{plan.pipeline.path} has no backbone that renders prompts.")
     unit = plan.adapt
     if split_is_complete(unit.path):
@@ -27,7 +27,7 @@ def prompt_record(plan: Any) -> dict[str, Any]:
     from etn_cli.planning.plan import open_source
 
     split = open_source(plan.pipeline, unit.dataset).load_split(unit.split)
-    record = plan.backbone.manifest_extras(split)
+    record = plan.backbone.build().manifest_extras(split)
     if not record:
         raise EtnError(
             f"Backbone {plan.backbone.name!r} reads no prompts; --prompt shows an LLM's prompt."

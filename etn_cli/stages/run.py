@@ -18,29 +18,18 @@ from etn_cli.datasets.class_check import check_planned_classes
 from etn_cli.errors import EtnError
 from etn_cli.planning.pipeline import expand_paths, load_pipeline
 from etn_cli.planning.plan import FeatureUnit, Plan, make_plan
-from etn_cli.stages.distributed import rank_device, torchrun_world
+from etn_cli.stages.distributed import rank_device, resolve_device, torchrun_world
+from etn_cli.stages.dry_run import RunOptions
 from etn_cli.stages.evaluate import evaluate
 from etn_cli.stages.extract import extract
 from etn_cli.stages.finetune import finetune
 from etn_cli.stages.input_checks import check_planned_inputs
-from etn_cli.stages.prepare import prepare
+from etn_cli.stages.prepare import plan_for_extract
 from etn_cli.stages.report import report, written_lines
 from etn_cli.stages.result import StageResult, UnitFailure, failures_line
 from etn_cli.stages.train import train
 from etn_cli.stages.units import repairing
 from etn_cli.store.storage import explained_storage_errors
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What ``etn run`` was asked beyond the pipeline files: the table's format and metric,
-    ``--set`` overrides and the ``--only`` heads."""
-
-    fmt: str = "table"
-    metric: str | None = None
-    overrides: tuple[str, ...] = ()
-    only: tuple[str, ...] = ()
-    fail_fast: bool = False  # a head refusing its data stops the run (else: the others go on)
 
 
 @dataclass
@@ -79,38 +68,6 @@ def run_summary(results: list[StageResult]) -> str:
     return f"{built} built, {kept} up to date"
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` as ``cuda`` where a GPU is visible, else ``cpu``; any other name is checked
-    here, before any work, so a wrong one is one line instead of a traceback mid-run."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise EtnError(
-            f"Unknown device {device!r}. Use cpu, cuda, cuda:N, mps or auto (the default)."
-        ) from None
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise EtnError(
-                f"Device {device!r}: this machine has no CUDA GPU (or torch {torch.__version__} "
-                "was built without CUDA). Use --device cpu, or leave --device out (auto)."
-            )
-        if parsed.index is not None and parsed.index >= count:
-            raise EtnError(
-                f"Device {device!r}: this machine shows {count} CUDA GPU(s), cuda:0 to "
-                f"cuda:{count - 1}. Pick one of those."
-            )
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise EtnError(f"Device {device!r}: MPS is not available here. Use --device cpu.")
-    elif parsed.type not in ("cpu", "cuda", "mps"):
-        raise EtnError(f"Device {device!r}: etn runs on cpu, cuda or mps, not {parsed.type}.")
-    return device
-
-
 def ensure_data_dir(data_dir: Path) -> Path:
     """Create the data directory of a command that builds, or refuse in one line when it cannot
     be (a parent that is a file, no permission, a read-only or virtual file system)."""
@@ -143,7 +100,7 @@ def run_pipeline(
         pipeline = dataclasses.replace(pipeline, device=device)
     world = torchrun_world()
     with explained_storage_errors():  # a full disk or a read-only folder is one line
-        plan = make_plan(pipeline, data_dir)
+        plan = plan_for_extract(pipeline, data_dir)  # stage zero, then the units' keys
         dev = resolve_device(device or pipeline.device)
         dev = dev if world is None else rank_device(dev, world)
 
@@ -153,7 +110,12 @@ def run_pipeline(
                 return results, None
             return results, report(plan, fmt=options.fmt, metric=options.metric)
 
-        results, reported = repairing(attempt, lambda path: is_derived(plan, path))
+        def discarded(path: Path) -> None:
+            nonlocal plan
+            if plan.backbone is not None and path == plan.backbone.cache_folder:
+                plan = plan_for_extract(pipeline, data_dir)  # stage zero built again
+
+        results, reported = repairing(attempt, lambda p: is_derived(plan, p), discarded)
         if reported is None:
             message = f"{results[-1].summary()} ({world}: extraction only)"
             return RunOutcome(path, True, time.perf_counter() - started, message)
@@ -170,11 +132,10 @@ def run_pipeline(
 def run_stages(
     plan: Plan, dev: str, extract_only: bool, fail_fast: bool = True
 ) -> list[StageResult]:
-    """Build the backbone's stage zero, finetune (if asked), extract (saving the classifier),
+    """Finetune (if asked), extract (saving the classifier),
     then (on rank 0) train and evaluate; units already built are skipped, so calling it again
     after a repair redoes only what is missing. Unless ``fail_fast``, a head that refuses its
     data fails alone: the other heads are trained and scored, its evaluation skipped."""
-    prepare(plan)  # stage zero (the digits CNN), outside the [k/N]; the plan follows its keys
     if plan.backbone is not None and not extract_only:  # rank 0 (or alone): every split's
         check_planned_inputs(plan, every_class=True)  # files and the classes the heads need
     with progress.counting(unit_count(plan)):
@@ -236,27 +197,3 @@ def run_many(
             seconds = time.perf_counter() - started
             outcomes.append(RunOutcome(path, False, seconds, message, bug=True))
     return outcomes
-
-
-def dry_run_report(
-    paths: list[Path], data_dir: Path, options: RunOptions, device: str | None = None
-) -> str:
-    """What ``etn run`` would do: every unit of every pipeline, cached or to build, and the
-    totals. Nothing is loaded, trained or written; the device is checked as a run checks it."""
-    from etn_cli.stages.status import status
-
-    parts = []
-    for path in expand_paths(paths):
-        loaded = load_pipeline(path, options.overrides, options.only)
-        resolve_device(device or loaded.device)  # refused here as a run would refuse it
-        plan = make_plan(loaded, data_dir)
-        check_planned_classes(plan)  # as run_many checks before any work
-        units = status(plan)
-        lines = [f"{path} (data directory {plan.data_dir}):"]
-        for u in units:
-            action = {"done": "cached  ", "failed": "would retry"}.get(u.state, "would build")
-            lines.append(f"  {action:<11} {u.kind:<10} {u.name}")
-        todo = sum(u.state != "done" for u in units)
-        lines.append(f"  {len(units)} units: {len(units) - todo} cached, {todo} to build")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)

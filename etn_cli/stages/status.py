@@ -75,9 +75,7 @@ def _failed(unit: UnitStatus) -> UnitStatus:
 def _checked(unit: UnitStatus) -> UnitStatus:
     """A ``done`` unit whose files no longer match their recorded checksums is ``damaged``
     (``etn run`` rebuilds it); the same cheap checks ``etn run`` makes before it skips one."""
-    from etn_cli.stages.evaluate import metrics_damage
-    from etn_cli.stages.extract import classifier_damage
-    from etn_cli.stages.train import head_damage
+    from etn_cli.store.artefacts.damage import classifier_damage, head_damage, metrics_damage
     from etn_cli.store.reading.reader import split_damage
 
     if unit.state != "done":

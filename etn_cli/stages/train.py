@@ -20,7 +20,6 @@ import torch
 
 from etn_cli import progress
 from etn_cli.config import config_dict
-from etn_cli.errors import EtnError
 from etn_cli.own_features.classifier import classifier_for, classifier_record
 from etn_cli.own_features.folders import remember_plan_folders
 from etn_cli.planning.plan import FeatureUnit, HeadUnit, Plan
@@ -28,22 +27,11 @@ from etn_cli.provenance import provenance
 from etn_cli.stages.head_inputs import check_head_inputs, own_classifier
 from etn_cli.stages.result import StageResult
 from etn_cli.stages.units import Unit, build_units
-from etn_cli.store.artefacts.headfiles import CHECKED_FILES, RECORD, check_head_folder
+from etn_cli.store.artefacts.damage import head_damage
+from etn_cli.store.artefacts.headfiles import CHECKED_FILES, RECORD
 from etn_cli.store.reading.consistency import check_splits, check_varies
 from etn_cli.store.reading.reader import Features, read_split
 from etn_cli.store.storage import explained_storage_errors
-
-
-def head_damage(path: Path) -> str | None:
-    """None when the head folder is whole (its files match the checksums in ``train.json``);
-    "missing" when there is none; otherwise what is damaged."""
-    if not path.exists():
-        return "missing"
-    try:
-        check_head_folder(path)
-    except EtnError as err:
-        return str(err)
-    return None
 
 
 def check_plan_features(plan: Plan) -> None:
@@ -117,14 +105,15 @@ def fit_and_save(
     """Fit ``unit``'s head on ``adapt`` (the features of ``plan.fit_unit(head)``), save it into
     ``folder`` and return its ``train.json`` record, which names the split it was fitted on
     (``fit_split``)."""
+    head = unit.head.build()  # the live head, from the plan's spec
     classifier = None
-    if unit.head.needs_classifier:
+    if head.needs_classifier:
         weight, bias = classifier_for(plan)  # the backbone's, given, or fitted (own features)
         classifier = {"weight": torch.as_tensor(weight), "bias": torch.as_tensor(bias)}
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:  # each said in one line, below
         warnings.simplefilter("always")
-        unit.head.fit(
+        head.fit(
             adapt.hidden,
             adapt.logits,
             adapt.labels,
@@ -139,9 +128,9 @@ def fit_and_save(
         "head": unit.head.name,
         "label": unit.label,
         "key": unit.key,
-        "config": config_dict(unit.head.config),
-        "calibration": unit.head.calibration_,  # the fitted temperature, when calibrated
-        "selection": unit.head.selection_,  # trained heads: the rule and the epoch it kept
+        "config": config_dict(head.config),
+        "calibration": head.calibration_,  # the fitted temperature, when calibrated
+        "selection": head.selection_,  # trained heads: the rule and the epoch it kept
         "adapt_features": str(plan.fit_unit(unit.head).path),
         "adapt_key": adapt.key,
         "adapt_rows": len(adapt.labels),
@@ -151,9 +140,9 @@ def fit_and_save(
         "pipeline": plan.pipeline.name,
         "provenance": provenance(),
     }
-    if unit.head.needs_classifier:
+    if head.needs_classifier:
         record["classifier"] = classifier_record(plan.classifier_path)
-    unit.head.save(folder)
+    head.save(folder)
     return record
 
 

@@ -199,10 +199,14 @@ def discard_damaged(path: Path, line: str | None = None) -> None:
 T = TypeVar("T")
 
 
-def repairing(attempt: Callable[[], T], derived: Callable[[Path], bool]) -> T:
+def repairing(
+    attempt: Callable[[], T],
+    derived: Callable[[Path], bool],
+    discarded: Callable[[Path], None] | None = None,
+) -> T:
     """``attempt()``, retried after discarding each artefact it found damaged that etn derives
-    (``derived``), so that the retry rebuilds it. Damage to the user's own input, or damage a
-    rebuild did not cure, is raised."""
+    (``derived``), so that the retry rebuilds it; ``discarded`` hears of each before the retry.
+    Damage to the user's own input, or damage a rebuild did not cure, is raised."""
     repaired: set[Path] = set()
     while True:
         try:
@@ -212,3 +216,5 @@ def repairing(attempt: Callable[[], T], derived: Callable[[Path], bool]) -> T:
                 raise
             repaired.add(damage.path)
             discard_damaged(damage.path, repair_line(damage, f"Rebuilding {damage.path.name}."))
+            if discarded is not None:
+                discarded(damage.path)
