@@ -9,6 +9,7 @@ from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer
 from etn_cli.heads.scorers.settings import GradNormConfig
 from etn_cli.heads.scorers.statistics import float64_blocks
+from etn_cli.heads.scorers.threads import one_thread
 
 
 @heads.register("fdbd")
@@ -34,10 +35,11 @@ class FDBD(Scorer):
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """Float32 elementwise terms (as the float32 features and logits), float64 result."""
-        top, predicted = z.max(dim=1)
-        boundary = ((top[:, None] - z) / self.gap_norms_.float()[predicted]).sum(1)
-        spread = (h - self.mean_.float()).norm(dim=1).clamp_min(1e-12)
-        return boundary.double() / ((z.shape[1] - 1) * spread.double())
+        with one_thread():  # memory-bound (:mod:`~etn_cli.heads.scorers.threads`)
+            top, predicted = z.max(dim=1)
+            boundary = ((top[:, None] - z) / self.gap_norms_.float()[predicted]).sum(1)
+            spread = (h - self.mean_.float()).norm(dim=1).clamp_min(1e-12)
+            return boundary.double() / ((z.shape[1] - 1) * spread.double())
 
 
 @heads.register("she")
@@ -65,11 +67,13 @@ class SHE(Scorer):
         sums = torch.zeros(z.shape[1] + 1, h.shape[1], dtype=torch.float64, device=h.device)
         slot = torch.where(correct, y, z.shape[1])  # the wrong rows add into a last, unused row
         for rows, block in float64_blocks(h):
-            sums.index_add_(0, slot[rows], block)
+            with one_thread():
+                sums.index_add_(0, slot[rows], block)
         self.patterns_ = (sums[:-1] / counts[:, None]).float()  # (C, D)
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return (h * self.patterns_[z.argmax(dim=1)]).double().sum(1)
+        with one_thread():  # memory-bound (:mod:`~etn_cli.heads.scorers.threads`)
+            return (h * self.patterns_[z.argmax(dim=1)]).double().sum(1)
 
 
 @heads.register("gradnorm")
