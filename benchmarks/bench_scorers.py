@@ -240,7 +240,7 @@ def sweep_all(pairs: dict[str, Pair], repeats: int) -> None:
 # --------------------------------------------------------------- --conditions
 # (name, threads, busy processes beside the run)
 CONDITIONS = (("1 thread", 1, 0), ("2 threads", 2, 0), ("2 threads, loaded", 2, 1))
-CONDITION_ROUNDS = 15  # rounds for pairs that both take under CHEAP seconds
+CONDITION_ROUNDS = 7  # rounds for pairs that both take under CHEAP seconds
 # pytorch-ood's detectors that learn something before predicting; the others' "fit" is their
 # constructor, so only the score is compared
 PEER_FITS = {"kl_matching", "temperature", "react", "dice", "knn", "nnguide", "vim",

@@ -26,6 +26,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, Prediction
 from etn_cli.heads.scorers import softmax_terms
+from etn_cli.heads.scorers.threads import one_thread
 from etn_cli.metrics.score_names import register_score
 from etn_cli.metrics.scores import probability_scores
 
@@ -93,7 +94,8 @@ class Scorer(Head):
             self.score_rows(h[s : s + SCORE_ROWS], z[s : s + SCORE_ROWS])
             for s in range(0, len(h), SCORE_ROWS)
         ]
-        return torch.cat(parts).double().cpu().numpy()
+        with one_thread():
+            return torch.cat(parts).double().cpu().numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:
         return {
