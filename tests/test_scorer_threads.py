@@ -71,9 +71,7 @@ def test_one_thread_leaves_a_single_thread_alone(settings_seen):
 
 
 @pytest.mark.parametrize("name", SCORERS)
-def test_every_scorer_keeps_torchs_threads_and_starts_none(
-    name, data, two_threads, settings_seen
-):
+def test_every_scorer_keeps_torchs_threads_and_starts_none(name, data, two_threads, settings_seen):
     started = threading.active_count()
     settings = {"k": 20} if name in ("knn", "nnguide") else {}
     head = heads.get(name)(**settings)
