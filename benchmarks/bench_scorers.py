@@ -31,8 +31,14 @@ first 100 or 1,000 test rows there, their predict time scaled up to all test row
 Mahalanobis++ or DDU, and its VRA is a different method (per-unit quantiles): those rows show
 our time alone.
 
+``--conditions`` (issue 40) times each pair's fit and score separately instead, medians, with
+torch and every native pool at 1 thread, at 2 threads, and at 2 threads beside ``--load``
+processes spinning on the CPU (started and stopped here), and prints the ratios ours /
+pytorch-ood of all three.
+
     python benchmarks/bench_scorers.py [--shape small|imagenet|both] [--repeats 3]
         [--fit-rows N] [--test-rows N] [--scorers knn vim ...] [--no-peers] [--faiss]
+        [--conditions [--load 1]]
 """
 
 from __future__ import annotations
