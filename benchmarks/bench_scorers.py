@@ -31,19 +31,30 @@ first 100 or 1,000 test rows there, their predict time scaled up to all test row
 Mahalanobis++ or DDU, and its VRA is a different method (per-unit quantiles): those rows show
 our time alone.
 
+``--conditions`` (issue 40) times each pair's fit and score separately instead, medians, with
+torch and every native pool at 1 thread, at 2 threads, and at 2 threads beside ``--load``
+processes spinning on the CPU (started and stopped here), and prints the ratios ours /
+pytorch-ood of all three.
+
     python benchmarks/bench_scorers.py [--shape small|imagenet|both] [--repeats 3]
         [--fit-rows N] [--test-rows N] [--scorers knn vim ...] [--no-peers] [--faiss]
+        [--conditions [--load 1]]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import threadpoolctl
 import torch
 
 from etn_cli.errors import EtnError
@@ -135,13 +146,15 @@ def peers(shape: Shape, fit: tuple, test: tuple, clf: dict) -> dict[str, Callabl
         rows = min(rows or rows_all, rows_all)
         data = {"predict_feature_maps": maps, "predict_logits": zt}.get(predict, ht)[:rows]
 
-        def run() -> tuple[float, int]:
+        def run(split: bool = False) -> tuple:
             with torch.no_grad():
                 started = time.perf_counter()
                 det = make()
                 fit_s = time.perf_counter() - started
-                predict_s = timed(lambda: getattr(det, predict)(data))
-            return fit_s + predict_s * rows_all / rows, rows_all // rows
+                predict_s = timed(lambda: getattr(det, predict)(data)) * rows_all / rows
+            if split:
+                return fit_s, predict_s, rows_all // rows
+            return fit_s + predict_s, rows_all // rows
 
         return run
 
@@ -230,6 +243,137 @@ def sweep_all(pairs: dict[str, Pair], repeats: int) -> None:
         sweep += 1
 
 
+# --------------------------------------------------------------- --conditions
+# (name, threads, busy processes beside the run)
+CONDITIONS = (("1 thread", 1, 0), ("2 threads", 2, 0), ("2 threads, loaded", 2, 1))
+CONDITION_ROUNDS = 7  # rounds for pairs that both take under CHEAP seconds
+# pytorch-ood's detectors that learn something before predicting; the others' "fit" is their
+# constructor, so only the score is compared
+PEER_FITS = {"kl_matching", "temperature", "react", "dice", "knn", "nnguide", "vim",
+             "mahalanobis", "rmds", "she", "fdbd"}  # fmt: skip
+
+
+@contextmanager
+def threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads and every native pool (numpy's BLAS, OpenMP) at ``count``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        with threadpoolctl.threadpool_limits(count):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def competing_load(processes: int) -> Iterator[None]:
+    """``processes`` Python processes spinning on the CPU for as long as the block runs."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)
+    ]
+    try:
+        if spinners:
+            time.sleep(0.5)  # started and spinning before the first timing
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
+
+
+def ours_split(name: str, fit: tuple, test: tuple, clf: dict) -> Callable[[], tuple]:
+    """Our head's (fit seconds, score seconds), a fresh head each call."""
+
+    def run() -> tuple[float, float]:
+        head = heads.get(name)()
+        fit_s = timed(lambda: head.fit(fit[0], fit[1], fit[2], classifier=clf))
+        return fit_s, timed(lambda: head.score(test[0], test[1]))
+
+    return run
+
+
+@dataclass
+class Split:
+    """One pair's fit and score seconds under one condition, round after round."""
+
+    mine: Callable
+    theirs: Callable
+    ours: list[tuple[float, float]] = field(default_factory=list)
+    peer: list[tuple[float, float]] = field(default_factory=list)
+    factor: int = 1
+    rounds: int = 0
+
+    def time_once(self, repeats: int) -> None:
+        first_ours = len(self.ours) % 2 == 0  # alternate who goes first
+        for turn in (0, 1) if first_ours else (1, 0):
+            if turn == 0:
+                self.ours.append(self.mine())
+            else:
+                *seconds, self.factor = self.theirs(split=True)
+                self.peer.append(tuple(seconds))
+            gc.collect()
+        if self.rounds == 0:
+            first = sum(self.ours[0]), sum(self.peer[0])
+            if self.factor > 1 or (min(first) > 1.0 and max(first) > CLEAR * min(first)):
+                self.rounds = 1
+            elif max(first) < CHEAP:
+                self.rounds = max(repeats, CONDITION_ROUNDS)
+            else:
+                self.rounds = repeats
+
+    def medians(self) -> tuple[float, float, float, float]:
+        """Median (our fit, their fit, our score, their score)."""
+        return (
+            statistics.median(s[0] for s in self.ours),
+            statistics.median(s[0] for s in self.peer),
+            statistics.median(s[1] for s in self.ours),
+            statistics.median(s[1] for s in self.peer),
+        )
+
+
+def ratio(mine: float, theirs: float) -> str:
+    return f"{mine / theirs:.2f}" if theirs > 0 else "inf"
+
+
+def run_conditions(shape: Shape, names: list[str], repeats: int, load: int) -> None:
+    """Each pair's fit and score, medians, under each of ``CONDITIONS`` (the loaded one with
+    ``load`` spinning processes), pairs interleaved round by round; then the ratios."""
+    fit, test, clf = features(shape, shape.fit_rows, 0), features(shape, shape.test_rows, 1), None
+    clf = classifier(shape)
+    peer = peers(shape, fit, test, clf)
+    names = [n for n in names if n in peer]
+    print(f"fit {shape.fit_rows:,} x {shape.dim:,}, test {shape.test_rows:,}, "
+          f"C = {shape.classes:,}; medians", flush=True)  # fmt: skip
+    found: dict[str, dict[str, tuple]] = {name: {} for name in names}
+    for label, count, busy in CONDITIONS:
+        busy = busy and load
+        with threads(count), competing_load(busy):
+            splits = {n: Split(ours_split(n, fit, test, clf), peer[n]) for n in names}
+            started = time.perf_counter()
+            sweep = 0
+            while any(sweep < (s.rounds or 1) for s in splits.values()):
+                for split in splits.values():
+                    if sweep < (split.rounds or 1):
+                        split.time_once(repeats)
+                sweep += 1
+        print(f"-- {label} ({busy} busy processes): {time.perf_counter() - started:.0f} s")
+        print(f"{'scorer':<13}{'our fit':>9}{'their fit':>11}{'ratio':>7}"
+              f"{'our score':>11}{'their score':>13}{'ratio':>7}{'rounds':>8}")  # fmt: skip
+        for name, split in splits.items():
+            of, tf, os_, ts = split.medians()
+            fit_ratio = ratio(of, tf) if name in PEER_FITS else "–"
+            mark = f" (x{split.factor})" if split.factor > 1 else ""
+            print(f"{name:<13}{of:>9.4f}{tf:>11.4f}{fit_ratio:>7}{os_:>11.4f}{ts:>13.4f}"
+                  f"{ratio(os_, ts):>7}{split.rounds:>8}{mark}", flush=True)  # fmt: skip
+            found[name][label] = (fit_ratio, ratio(os_, ts))
+    labels = [c[0] for c in CONDITIONS]
+    print("ours / pytorch-ood, fit | score:", " | ".join(labels))
+    for name in names:
+        cells = [f"{found[name][c][0]:>5} {found[name][c][1]:>5}" for c in labels]
+        print(f"{name:<13}" + "  |  ".join(cells), flush=True)
+
+
 def faiss_against_torch(bank: torch.Tensor, queries: torch.Tensor, k: int) -> None:
     """Exact inner-product top-k of unit rows: faiss-cpu's IndexFlatIP, then blocked torch."""
     bank, queries = normalise(bank), normalise(queries)
@@ -311,13 +455,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--faiss", action="store_true")
+    parser.add_argument("--conditions", action="store_true")
+    parser.add_argument("--load", type=int, default=1)
     args = parser.parse_args()
     for name in SHAPES if args.shape == "both" else [args.shape]:
         shape = SHAPES[name]
         shape = replace(shape, fit_rows=args.fit_rows or shape.fit_rows)
         shape = replace(shape, test_rows=args.test_rows or shape.test_rows)
         print(f"== {name}")
-        run(shape, args.scorers, args.repeats, not args.no_peers, args.faiss)
+        if args.conditions:
+            run_conditions(shape, args.scorers, args.repeats, args.load)
+        else:
+            run(shape, args.scorers, args.repeats, not args.no_peers, args.faiss)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from etn_cli.errors import EtnError
 from etn_cli.heads import heads as heads  # the registry, for the modules that register
 from etn_cli.heads.calibration import apply_temperature, fit_temperature
 from etn_cli.heads.facts import HEAD_FORMAT  # in every key: torch-free
+from etn_cli.heads.scorers.threads import one_thread
 from etn_cli.heads.settings import HeadConfig
 from etn_cli.store.artefacts.headfiles import seal_head_files
 
@@ -366,8 +367,8 @@ def check_features(
     if z.shape[1] < 2:
         raise EtnError(f"Expected at least 2 classes in logits, got {z.shape[1]}.")
     for name, t in (("hidden", h), ("logits", z)):
-        # one reduction: no inf or NaN anywhere (fast path)
-        if name not in scan or bool(torch.isfinite(t.sum())):
+        # one reduction: no inf or NaN anywhere (fast path), memory-bound: on one thread
+        if name not in scan or bool(torch.isfinite(one_thread_sum(t))):
             continue
         bad = (~torch.isfinite(t)).any(dim=1).nonzero().flatten()
         if len(bad):
@@ -378,13 +379,21 @@ def check_features(
     return h, z
 
 
+def one_thread_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t.sum()`` on one of torch's threads (:mod:`etn_cli.heads.scorers.threads`)."""
+    with one_thread():
+        return t.sum()
+
+
 def check_labels(labels: Any, n: int, num_classes: int) -> torch.Tensor:
     y = to_tensor(labels, torch.int64)
     if y.shape != (n,):
         raise EtnError(f"Expected labels of shape ({n},), got {tuple(y.shape)}.")
-    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+    with one_thread():
+        low, high = (int(y.min()), int(y.max())) if len(y) else (0, 0)
+    if low < 0 or high >= num_classes:
         raise EtnError(
             f"Labels must lie in 0..{num_classes - 1} (the logits have {num_classes} classes), "
-            f"found {int(y.min())}..{int(y.max())}. Map labels to the backbone's classes."
+            f"found {low}..{high}. Map labels to the backbone's classes."
         )
     return y

@@ -25,6 +25,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import Head, Prediction
 from etn_cli.heads.scorers import softmax_terms
+from etn_cli.heads.scorers.threads import one_thread
 from etn_cli.metrics.scores import probability_scores
 
 SCORE_ROWS = 16384  # rows scored at once: bounds the (rows, D) and (rows, C) temporaries
@@ -81,7 +82,8 @@ class Scorer(Head):
             self.score_rows(h[s : s + SCORE_ROWS], z[s : s + SCORE_ROWS])
             for s in range(0, len(h), SCORE_ROWS)
         ]
-        return torch.cat(parts).double().cpu().numpy()
+        with one_thread():
+            return torch.cat(parts).double().cpu().numpy()
 
     def _state(self) -> dict[str, torch.Tensor]:
         return {

@@ -7,6 +7,7 @@ import torch
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers import softmax_terms
 from etn_cli.heads.scorers.base import Scorer
+from etn_cli.heads.scorers.threads import one_thread
 
 
 @heads.register("max_logit")
@@ -40,17 +41,19 @@ class GEN(Scorer):
 
     def score_rows(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """In float64 blocks of rows; ``1 - p`` of the top class as ``r / (1 + r)`` (the rest
-        ``r`` of :mod:`~etn_cli.heads.scorers.softmax_terms`), exact where ``p`` rounds to 1."""
+        ``r`` of :mod:`~etn_cli.heads.scorers.softmax_terms`), exact where ``p`` rounds to 1;
+        on one thread (:func:`~etn_cli.heads.scorers.threads.one_thread`)."""
         m, g = min(self.config.top_m, z.shape[1]), self.config.gamma
         rows = softmax_terms.block_rows(z)
         out = torch.empty(len(z), dtype=torch.float64, device=z.device)
-        for start in range(0, len(z), rows):
-            block = z[start : start + rows]
-            top, index = block.topk(m, dim=1)  # (rows, M), descending
-            top = top.double()
-            e = torch.exp(block.double() - top[:, :1]).scatter_(1, index[:, :1], 0.0)
-            rest = e.sum(dim=1, keepdim=True)  # without the top logit's own term, 1
-            p = torch.exp(top - top[:, :1]) / (1.0 + rest)  # (rows, M)
-            q = torch.cat([rest / (1.0 + rest), 1.0 - p[:, 1:]], dim=1)  # 1 - p
-            out[start : start + rows] = -(p.pow(g) * q.pow(g)).sum(dim=1)
+        with one_thread():
+            for start in range(0, len(z), rows):
+                block = z[start : start + rows]
+                top, index = block.topk(m, dim=1)  # (rows, M), descending
+                top = top.double()
+                e = torch.exp(block.double() - top[:, :1]).scatter_(1, index[:, :1], 0.0)
+                rest = e.sum(dim=1, keepdim=True)  # without the top logit's own term, 1
+                p = torch.exp(top - top[:, :1]) / (1.0 + rest)  # (rows, M)
+                q = torch.cat([rest / (1.0 + rest), 1.0 - p[:, 1:]], dim=1)  # 1 - p
+                out[start : start + rows] = -(p.pow(g) * q.pow(g)).sum(dim=1)
         return out

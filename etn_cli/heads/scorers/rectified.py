@@ -13,6 +13,7 @@ import torch
 from etn_cli.errors import EtnError
 from etn_cli.heads.base import heads
 from etn_cli.heads.scorers.base import Scorer, linear
+from etn_cli.heads.scorers.threads import one_thread
 
 SAMPLE = 1 << 20  # values drawn to bracket each order statistic
 
@@ -82,7 +83,9 @@ class ReAct(Scorer):
         self.weight_, self.bias_ = classifier["weight"], classifier["bias"]
 
     def scorer_logits(self, h: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return linear(h.clamp(max=float(self.threshold_)), self.weight_, self.bias_)
+        with one_thread():  # memory-bound (:mod:`~etn_cli.heads.scorers.threads`)
+            clipped = h.clamp(max=float(self.threshold_))
+        return linear(clipped, self.weight_, self.bias_)
 
 
 @heads.register("vra")

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from etn_cli.heads.scorers.threads import one_thread
+
 BLOCK_CELLS = 1 << 20  # logits per block: temporaries of 4-8 MiB, few enough calls under load
 
 
@@ -29,16 +31,18 @@ def largest_and_rest(
     z: torch.Tensor, temperature: float = 1.0, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, ...]:
     """Each row's largest logit ``m`` and ``r = sum_{i != argmax} exp((z_i - m) / T)``, both
-    (N,) float64, from exponentials in ``dtype``."""
+    (N,) float64, from exponentials in ``dtype``; on one thread
+    (:func:`~etn_cli.heads.scorers.threads.one_thread`)."""
     rows = block_rows(z)
     top = torch.empty(len(z), dtype=torch.float64, device=z.device)
     rest = torch.empty(len(z), dtype=torch.float64, device=z.device)
-    for start in range(0, len(z), rows):
-        block = z[start : start + rows].to(dtype)
-        m, index = block.max(dim=1, keepdim=True)
-        e = exp_clamped((block - m) / temperature if temperature != 1.0 else block - m)
-        rest[start : start + rows] = e.scatter_(1, index, 0.0).sum(dim=1)
-        top[start : start + rows] = m[:, 0]
+    with one_thread():
+        for start in range(0, len(z), rows):
+            block = z[start : start + rows].to(dtype)
+            m, index = block.max(dim=1, keepdim=True)
+            e = exp_clamped((block - m) / temperature if temperature != 1.0 else block - m)
+            rest[start : start + rows] = e.scatter_(1, index, 0.0).sum(dim=1)
+            top[start : start + rows] = m[:, 0]
     return top, rest
 
 
@@ -57,27 +61,32 @@ def exp_clamped(x: torch.Tensor) -> torch.Tensor:
 def energy(z: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``T logsumexp(z / T)`` (N,) float64: the negative free energy (Liu et al. 2020)."""
     top, rest = largest_and_rest(z, temperature)
-    return top + temperature * torch.log1p(rest)
+    with one_thread():
+        return top + temperature * torch.log1p(rest)
 
 
 def max_probability(
     z: torch.Tensor, temperature: float = 1.0, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """``max_i softmax(z / T)_i = 1 / (1 + r)`` (N,) float64, exponentials in ``dtype``."""
-    return 1.0 / (1.0 + largest_and_rest(z, temperature, dtype)[1])
+    rest = largest_and_rest(z, temperature, dtype)[1]
+    with one_thread():
+        return 1.0 / (1.0 + rest)
 
 
 def entropy(z: torch.Tensor) -> torch.Tensor:
     """``-sum_i p_i log p_i`` of ``p = softmax(z)`` (N,) float64, ``0 log 0 = 0``: with
     ``d = z - m``, the rest ``r`` and ``t = sum_i e^d_i d_i``, ``log1p(r) - t / (1 + r)``, in
-    float64 (``log1p`` keeps a confident row's ``r`` where ``log(1 + r)`` would drop it)."""
+    float64 (``log1p`` keeps a confident row's ``r`` where ``log(1 + r)`` would drop it); on
+    one thread."""
     rows = block_rows(z)
     out = torch.empty(len(z), dtype=torch.float64, device=z.device)
-    for start in range(0, len(z), rows):
-        block = z[start : start + rows].double()
-        m, index = block.max(dim=1, keepdim=True)
-        shifted = block - m
-        e = torch.exp(shifted).scatter_(1, index, 0.0)
-        rest = e.sum(dim=1)
-        out[start : start + rows] = torch.log1p(rest) - (e * shifted).sum(dim=1) / (1.0 + rest)
+    with one_thread():
+        for start in range(0, len(z), rows):
+            block = z[start : start + rows].double()
+            m, index = block.max(dim=1, keepdim=True)
+            shifted = block - m
+            e = torch.exp(shifted).scatter_(1, index, 0.0)
+            rest = e.sum(dim=1)
+            out[start : start + rows] = torch.log1p(rest) - (e * shifted).sum(dim=1) / (1 + rest)
     return out

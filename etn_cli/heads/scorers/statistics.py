@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from etn_cli.heads.scorers.base import check_every_class
+from etn_cli.heads.scorers.threads import one_thread
 
 DISTANCE_CELLS = 1 << 20  # float64 values of a block of rows in squared_distances
 NUMPY_FROM = 1024  # dimensions from which numpy's float64 syrk and eigh beat torch's
@@ -48,21 +49,22 @@ def float64_blocks(
     for start in range(0, len(x), step):
         rows = slice(start, min(start + step, len(x)))
         block = buffer[: rows.stop - start]
-        centre = centres
-        if labels is not None and column_major:  # gathered in the block's layout
-            centre = centres.T.index_select(1, labels[rows]).T
-        elif labels is not None:
-            centre = torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
-        if scratch is None:
-            block.copy_(x[rows])  # then in place: torch's mixed-dtype ops are 4x slower
-        else:
-            part = scratch[:, : len(block)]
-            part.copy_(x[rows].T)
-            block.T.copy_(part)
-        if scale is not None:
-            block.mul_(scale[rows, None])
-        if centre is not None:
-            block -= centre
+        with one_thread():  # copies: memory-bound (the caller's products keep the threads)
+            centre = centres
+            if labels is not None and column_major:  # gathered in the block's layout
+                centre = centres.T.index_select(1, labels[rows]).T
+            elif labels is not None:
+                centre = torch.index_select(centres, 0, labels[rows], out=gathered[: len(block)])
+            if scratch is None:
+                block.copy_(x[rows])  # then in place: torch's mixed-dtype ops are 4x slower
+            else:
+                part = scratch[:, : len(block)]
+                part.copy_(x[rows].T)
+                block.T.copy_(part)
+            if scale is not None:
+                block.mul_(scale[rows, None])
+            if centre is not None:
+                block -= centre
         yield rows, block
 
 
@@ -138,7 +140,8 @@ def column_mean(h: torch.Tensor) -> torch.Tensor:
     sum."""
     total = torch.zeros(h.shape[1], dtype=torch.float64, device=h.device)
     for _, block in float64_blocks(h, cells=SMALL_CELLS):
-        total += block.sum(0)
+        with one_thread():
+            total += block.sum(0)
     return total / len(h)
 
 
@@ -150,7 +153,8 @@ def class_means(
     check_every_class(y, classes, what)
     sums = torch.zeros(classes, h.shape[1], dtype=torch.float64, device=h.device)
     for rows, block in float64_blocks(h, scale, cells=SMALL_CELLS):
-        sums.index_add_(0, y[rows], block)
+        with one_thread():
+            sums.index_add_(0, y[rows], block)
     return sums / torch.bincount(y, minlength=classes).double()[:, None]
 
 
