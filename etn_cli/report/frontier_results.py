@@ -10,7 +10,8 @@ import numpy as np
 import polars as pl
 
 from etn_cli.report.style import Style, family_style
-from etn_cli.report.tables import METHOD, row_labels
+from etn_cli.report.summary import Summary
+from etn_cli.report.tables import METHOD
 
 SAME = 6  # decimals (in %) at which two results count as one
 CROWDED = 4  # results at one accuracy drawn as one glyph in (a) and ranked in (b)
@@ -46,32 +47,23 @@ def crowded_accuracy(results: list[Result]) -> float | None:
     return acc if count >= CROWDED else None
 
 
-def distinct_results(
-    df: pl.DataFrame, summary: pl.DataFrame, metric: str
-) -> tuple[list[Result], str]:
-    """The distinct (accuracy, quality) results of the methods, in table order, and the OOD
-    eval set they are measured on (``<id>-OOD``, or the single OOD set)."""
-    from etn_cli.report.views import own_scores
-
-    ood = summary.filter(pl.col("task") == "ood")
-    if ood.is_empty():
-        return [], ""
-    id_dataset = summary["id_dataset"][0]
-    sets = ood["eval_set"].unique().to_list()
-    ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in sets else sorted(sets)[0]
-    own = own_scores(summary)
+def distinct_results(summary: Summary, metric: str) -> list[Result]:
+    """The distinct (accuracy, quality) results of the methods, in table order, on the OOD
+    eval set of the figures (``<id>-OOD``, or the single OOD set)."""
+    if summary.ood_set is None:
+        return []
     cells = {
         (tuple(r[c] for c in METHOD), r["metric"], r["score"]): r
-        for r in summary.filter(
-            ((pl.col("eval_set") == ood_set) & (pl.col("metric") == metric))
+        for r in summary.frame.filter(
+            ((pl.col("eval_set") == summary.ood_set) & (pl.col("metric") == metric))
             | ((pl.col("task") == "id") & (pl.col("metric") == "acc"))
         ).iter_rows(named=True)
     }
-    times = runtime_ranges(df)
+    times = runtime_ranges(summary.metrics)
     groups: dict[tuple, Result] = {}
-    for key, name in row_labels(summary).items():
+    for key, name in summary.labels.items():
         acc = cells.get((key, "acc", None))
-        quality = cells.get((key, metric, own.get(key, "mp")))
+        quality = cells.get((key, metric, summary.own.get(key, "mp")))
         if acc is None or quality is None or acc["mean"] is None or quality["mean"] is None:
             continue
         point = (round(100 * acc["mean"], SAME), round(100 * quality["mean"], SAME))
@@ -81,7 +73,7 @@ def distinct_results(
         family = key[3] or "other"
         ci = 100 * (quality["ci95"] or 0.0)
         groups[point] = Result([name], family, *point, ci, times.get(key))
-    return list(groups.values()), ood_set
+    return list(groups.values())
 
 
 def runtime_ranges(df: pl.DataFrame) -> dict[tuple, tuple[float, float, float]]:
