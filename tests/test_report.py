@@ -223,7 +223,7 @@ def test_the_frontier_draws_each_distinct_result_once_with_the_headline_score():
 
 
 def test_the_pareto_front_keeps_exactly_the_undominated_points():
-    from etn_cli.report.frontier_results import pareto_front
+    from etn_cli.report.frontier_figure import pareto_front
 
     rng = np.random.default_rng(3)
     x, y = rng.integers(0, 6, 40).astype(float), rng.integers(0, 6, 40).astype(float)

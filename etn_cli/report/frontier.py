@@ -40,7 +40,5 @@ def frontier_plot(summary: Summary, folder: Path, metric: str = "aupr") -> list[
     results = distinct_results(summary, metric)
     if not results:
         return []
-    for result in results:
-        result.style = summary.styles.get(result.names[0])
     figure = frontier_figure(results, summary.ood_set, metric)
     return save_figure(figure, folder, f"frontier-{metric}")

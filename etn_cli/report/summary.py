@@ -11,71 +11,50 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
+from etn_cli.report.style import Style, method_styles
 from etn_cli.report.tables import COLUMN_TYPES, METHOD, RUNTIME, SEED_KEYS, SETTING, row_labels
+from etn_cli.report.views import own_scores
 
 
 @dataclass(frozen=True)
 class Summary:
     """The checked metrics rows (one per seed), their summary over seeds (:func:`summarize`),
     the failed units' entries (:func:`etn_cli.stages.report.failed_entries`) and what every
-    view reads of them, each worked out once."""
+    view reads of them, each worked out once, in :meth:`of`."""
 
     metrics: pl.DataFrame
     frame: pl.DataFrame  # mean, ci95, n_seeds, seeds, note per SEED_KEYS
-    failed: Sequence[dict] = field(default=())
+    failed: Sequence[dict]
+    labels: dict[tuple, str]  # row label per method key, in the tables' order (row_labels)
+    own: dict[tuple, str]  # per method key, the OOD score of its headline columns
+    styles: dict[str, Style]  # row label -> the method's colour and marker in every figure
+    ood_set: str | None  # the figures' OOD set: <id>-OOD, else the first by name; None: none
+    fitted_on: str | None  # the footnote's lines on the splits fitted on and any fallbacks
+    shown: list[str]  # the labels of the methods with results
 
     @classmethod
-    def of(cls, metrics: pl.DataFrame, failed: Sequence[dict] = ()) -> Summary:
-        return cls(metrics, summarize(metrics), failed)
+    def of(
+        cls, metrics: pl.DataFrame, failed: Sequence[dict] = (), frame: pl.DataFrame | None = None
+    ) -> Summary:
+        """The summary of ``metrics`` (or its part ``frame`` of them)."""
+        frame = summarize(metrics) if frame is None else frame
+        sets = frame.filter(pl.col("task") == "ood")["eval_set"].unique().to_list()
+        average = f"{frame['id_dataset'][0]}-OOD"
+        ood_set = average if average in sets else min(sets, default=None)
+        notes = [note for note in (fit_splits_note(metrics), fallbacks_note(metrics)) if note]
+        labels, own, styles = row_labels(frame), own_scores(frame), method_styles(frame)
+        fitted_on, shown = "\n".join(notes) or None, frame["method_label"].unique().to_list()
+        return cls(metrics, frame, failed, labels, own, styles, ood_set, fitted_on, shown)
 
     def parts(self) -> list[tuple[tuple[str, str], Summary]]:
         """One summary per (pipeline, backbone), each fit for one table."""
         parts = self.frame.partition_by(["pipeline", "backbone"], maintain_order=True, as_dict=True)
-        return [((str(k[0]), str(k[1])), Summary(self.metrics, part)) for k, part in parts.items()]
-
-    @cached_property
-    def labels(self) -> dict[tuple, str]:
-        """Row label per method key, in the tables' order (:func:`row_labels`)."""
-        return row_labels(self.frame)
-
-    @cached_property
-    def own(self) -> dict[tuple, str]:
-        """Per method key, the OOD score of its headline columns (:func:`own_scores`)."""
-        from etn_cli.report.views import own_scores
-
-        return own_scores(self.frame)
-
-    @cached_property
-    def styles(self):
-        """Row label -> the method's colour and marker in every figure."""
-        from etn_cli.report.style import method_styles
-
-        return method_styles(self.frame)
-
-    @cached_property
-    def ood_set(self) -> str | None:
-        """The OOD eval set the figures show: ``<id>-OOD`` when there is one, else the first
-        set by name; None without OOD results."""
-        sets = self.frame.filter(pl.col("task") == "ood")["eval_set"].unique().to_list()
-        average = f"{self.frame['id_dataset'][0]}-OOD"
-        return average if average in sets else min(sets, default=None)
-
-    @cached_property
-    def shown(self) -> list[str]:
-        """The labels of the methods with results."""
-        return self.frame["method_label"].unique().to_list()
-
-    @cached_property
-    def fitted_on(self) -> str | None:
-        """The footnote's lines on how the heads were fitted: the splits, and any fallbacks."""
-        notes = (fit_splits_note(self.metrics), fallbacks_note(self.metrics))
-        return "\n".join(note for note in notes if note) or None
+        return [((str(k[0]), str(k[1])), Summary.of(self.metrics, (), p)) for k, p in parts.items()]
 
 
 def fit_splits_note(metrics: pl.DataFrame) -> str | None:

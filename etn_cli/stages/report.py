@@ -29,7 +29,7 @@ from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
 from etn_cli.report.failures import failures_note, with_failed_rows
 from etn_cli.report.frontier import frontier_plot
-from etn_cli.report.metric_names import SELECTIVE
+from etn_cli.report.metric_names import RANKING, SELECTIVE
 from etn_cli.report.plot_record import (
     intact_figures,
     read_plot_record,
@@ -188,7 +188,7 @@ def report(
     if compare is not None:
         predicted = [predictions_path(u.path) for u in units]
         with progress.step("report", f"{name}: paired bootstrap against {compare}"):
-            comparison = paired_comparison(summary.frame, metrics, predicted, compare, bootstrap)
+            comparison = paired_comparison(summary, predicted, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
     made: dict[str, list[Path]] = {}  # view -> the files this report wrote for it
@@ -269,8 +269,6 @@ def _plots(
     unless ``record`` says these exact metrics were drawn already; returns the paths per plot
     kind, what the record says was drawn (this report's kinds and, from the same metrics,
     earlier ones), and the metrics' key."""
-    from etn_cli.report.views import RANKING
-
     wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
     key = fingerprint_key({"metrics": [u.key for u in units], "plots": PLOTS_VERSION})
     drawn = dict(record.get("drawn", {})) if record.get("key") == key else {}
