@@ -65,16 +65,17 @@ class Reader:
         self.stack.append(node)
 
 
-def walk(node: Node) -> list[str]:
-    """The modules passed through reading ``node`` and, depth first, its callees."""
-    modules = [node.file]
+def walk(node: Node) -> list[tuple[str, str]]:
+    """The modules passed through reading ``node`` and, depth first, its callees, each with
+    the function read on arrival."""
+    modules = [(node.file, node.name)]
     for child in node.children:
-        modules += walk(child) + [node.file]
+        modules += walk(child) + [(node.file, node.name)]
     return modules
 
 
-def merged(modules: list[str]) -> list[str]:
-    return [m for i, m in enumerate(modules) if i == 0 or m != modules[i - 1]]
+def merged(modules: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [m for i, m in enumerate(modules) if i == 0 or m[0] != modules[i - 1][0]]
 
 
 def main() -> None:
@@ -88,8 +89,9 @@ def main() -> None:
     from etn_cli.stages.report import report, report_folder
 
     plan = make_plan(load_pipeline(args.pipeline), args.data_dir)
-    report(plan)  # once untraced, so that imports are not in the walk
-    shutil.rmtree(report_folder(plan))  # and the figures are drawn again
+    shutil.rmtree(report_folder(plan), ignore_errors=True)
+    report(plan)  # once untraced, every figure drawn, so that imports are not in the walk
+    shutil.rmtree(report_folder(plan))  # and drawn again while traced
     reader = Reader()
     sys.setprofile(reader.event)
     try:
@@ -97,10 +99,10 @@ def main() -> None:
     finally:
         sys.setprofile(None)
     stays = merged(walk(reader.root.children[0]))
-    print(f"report(plan): {len(stays)} stays over {len(set(stays))} modules, "
+    print(f"report(plan): {len(stays)} stays over {len({m for m, _ in stays})} modules, "
           f"{len(reader.seen)} functions")  # fmt: skip
     if args.verbose:
-        print("\n".join(f"    {m}" for m in stays))
+        print("\n".join(f"    {m} ({name})" for m, name in stays))
     print(f"(code measured: {PACKAGE})")
 
 

@@ -112,7 +112,7 @@ def _figure(curves, labels: dict, styles: dict, total: int):
     start = max(0.0, 10 * np.floor((100 * first_error - 5) / 10))
     for i, (keys, aurc, coverage, risk) in enumerate(curves):
         names = [labels[k] for k in keys]
-        style = styles.get(names[0], family_style(keys[0][3]))
+        style = styles.get(names[0]) or family_style(keys[0][3])
         baseline = any(k[0] == "map" for k in keys)
         ax.plot(
             100 * coverage, 100 * risk, linewidth=1.4, linestyle="--" if baseline else "-",
