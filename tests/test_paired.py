@@ -18,7 +18,7 @@ from etn_cli.metrics.ranking import ranking_values
 from etn_cli.metrics.weighted import weighted_calibration, weighted_ranking
 from etn_cli.report.bootstrap import Predictions, Resamples
 from etn_cli.report.paired import compare, seed_pairs
-from etn_cli.report.tables import summarize
+from etn_cli.report.summary import summarize
 
 
 def test_weighted_ranking_metrics_are_those_of_the_resampled_rows():

@@ -16,7 +16,7 @@ from test_llm import backbone, extract_all, split
 from etn_cli.datasets import datasets
 from etn_cli.datasets.mcqa import MMLU_GROUPS, MMLU_MAIN_TEXT_GROUPS
 from etn_cli.planning.pipeline import load_pipeline
-from etn_cli.report.tables import summarize
+from etn_cli.report.summary import summarize
 from etn_cli.stages.report import with_shift_groups
 
 PIPELINES = Path(__file__).resolve().parent.parent / "pipelines"

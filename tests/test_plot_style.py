@@ -20,6 +20,7 @@ from etn_cli.report.frontier import frontier_plot
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.selective_plot import risk_coverage_plot
 from etn_cli.report.style import method_styles, set_scale, spans_decades
+from etn_cli.report.summary import Summary
 
 POSTHOC = ["Max logit", "Entropy", "GEN", "KNN", "ViM", "Residual", "RMDS", "fDBD", "SHE"]
 # label: (family, accuracy, OOD AUPR, AURC); the post-hoc scorers and ETN share MAP's accuracy
@@ -137,9 +138,9 @@ def _looks(figures: dict) -> dict[str, dict[str, tuple[str, str]]]:
 
 def test_a_method_has_one_colour_and_marker_in_every_figure(monkeypatch, tmp_path, drawn):
     frame = _rows()
-    frontier_plot(frame, tmp_path)
-    risk_coverage_plot(frame, _curves(monkeypatch, tmp_path, frame), tmp_path)
-    reliability_plot(frame, tmp_path)
+    frontier_plot(Summary.of(frame), tmp_path)
+    risk_coverage_plot(Summary.of(frame), _curves(monkeypatch, tmp_path, frame), tmp_path)
+    reliability_plot(Summary.of(frame), tmp_path)
     looks = _looks(drawn)
     styles = {name: (s.color.lower(), s.marker) for name, s in method_styles(frame).items()}
     assert all(len(looks[figure]) >= 4 for figure in looks), looks
@@ -183,7 +184,7 @@ def _boxes_of_markers_and_bars(ax, renderer) -> list[Bbox]:
 
 @pytest.mark.parametrize("timed", [False, True])
 def test_frontier_labels_overlap_no_label_marker_or_bar(tmp_path, drawn, timed):
-    frontier_plot(_rows(timed=timed), tmp_path)
+    frontier_plot(Summary.of(_rows(timed=timed)), tmp_path)
     figure = drawn["frontier-aupr"]
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
@@ -200,7 +201,7 @@ def test_frontier_labels_overlap_no_label_marker_or_bar(tmp_path, drawn, timed):
 
 
 def test_a_crowded_accuracy_is_one_bar_and_its_results_are_ranked_by_name(tmp_path, drawn):
-    frontier_plot(_rows(), tmp_path)
+    frontier_plot(Summary.of(_rows()), tmp_path)
     axes = [ax for ax in drawn["frontier-aupr"].axes if ax.axison]
     scatter, ranked = axes
     at_map = [name for name, (_, acc, *_) in METHODS.items() if acc == 0.9747]
@@ -216,9 +217,9 @@ def test_a_crowded_accuracy_is_one_bar_and_its_results_are_ranked_by_name(tmp_pa
 
 def test_every_legend_sits_outside_the_data(monkeypatch, tmp_path, drawn):
     frame = _rows(timed=True)
-    frontier_plot(frame, tmp_path)
-    risk_coverage_plot(frame, _curves(monkeypatch, tmp_path, frame), tmp_path)
-    reliability_plot(frame, tmp_path)
+    frontier_plot(Summary.of(frame), tmp_path)
+    risk_coverage_plot(Summary.of(frame), _curves(monkeypatch, tmp_path, frame), tmp_path)
+    reliability_plot(Summary.of(frame), tmp_path)
     for stem, figure in drawn.items():
         figure.canvas.draw()
         renderer = figure.canvas.get_renderer()
@@ -232,7 +233,7 @@ def test_every_legend_sits_outside_the_data(monkeypatch, tmp_path, drawn):
 
 def test_the_risk_coverage_reference_lines_are_named(monkeypatch, tmp_path, drawn):
     frame = _rows()
-    risk_coverage_plot(frame, _curves(monkeypatch, tmp_path, frame), tmp_path)
+    risk_coverage_plot(Summary.of(frame), _curves(monkeypatch, tmp_path, frame), tmp_path)
     (ax,) = drawn["risk-coverage"].axes
     lines = sorted(line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":")
     names = {t.get_text(): t.get_position()[0] for t in ax.texts}
@@ -257,13 +258,13 @@ def test_an_axis_goes_log_only_where_the_data_span_decades():
 
 
 def test_the_runtime_axis_of_the_frontier_follows_the_same_rule(tmp_path, drawn):
-    frontier_plot(_rows(timed=True), tmp_path)  # 0.01 .. 0.8 ms: decades
+    frontier_plot(Summary.of(_rows(timed=True)), tmp_path)  # 0.01 .. 0.8 ms: decades
     runtime = next(ax for ax in drawn["frontier-aupr"].axes if "time" in ax.get_xlabel())
     assert runtime.get_xscale() == "log"
 
 
 def test_a_ranked_dot_plot_is_not_titled_against_accuracy(tmp_path, drawn):
     frame = _rows().filter(pl.col("method_label").is_in(["MAP", "ETN", "KNN", "GEN"]))
-    frontier_plot(frame, tmp_path)
+    frontier_plot(Summary.of(frame), tmp_path)
     title = drawn["frontier-aupr"]._suptitle.get_text()
     assert "ranked" in title and "against" not in title

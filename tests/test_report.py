@@ -9,7 +9,8 @@ from scipy import stats
 
 from etn_cli.errors import EtnError
 from etn_cli.report.render import render
-from etn_cli.report.tables import paper_table, read_metrics, summarize
+from etn_cli.report.summary import Summary, summarize
+from etn_cli.report.tables import paper_table, read_metrics
 
 SETS = [("digits", "id"), ("digits_unseen", "ood"), ("noise", "ood")]
 METHODS = [("softmax", "MAP_CE", ["mp"]), ("etn", "ETN", ["mp", "um", "mi", "de"])]
@@ -209,7 +210,8 @@ def test_the_frontier_draws_each_distinct_result_once_with_the_headline_score():
     from etn_cli.report.frontier_results import distinct_results
 
     frame = _frontier_rows(dict.fromkeys(["ETN", "ETN + TS", "MAP", "KNN"], [1e-4]))
-    results, ood_set = distinct_results(frame, summarize(frame), "aupr")
+    summary = Summary.of(frame)
+    results, ood_set = distinct_results(summary, "aupr"), summary.ood_set
     assert ood_set == "noise"
     by_name = {r.label: r for r in results}
     assert set(by_name) == {"ETN, ETN + TS", "MAP", "KNN"}  # one marker for the twins
@@ -221,7 +223,7 @@ def test_the_frontier_draws_each_distinct_result_once_with_the_headline_score():
 
 
 def test_the_pareto_front_keeps_exactly_the_undominated_points():
-    from etn_cli.report.frontier_results import pareto_front
+    from etn_cli.report.frontier_figure import pareto_front
 
     rng = np.random.default_rng(3)
     x, y = rng.integers(0, 6, 40).astype(float), rng.integers(0, 6, 40).astype(float)
@@ -240,7 +242,7 @@ def _drawn_axes(monkeypatch, frame, tmp_path) -> list:
     monkeypatch.setattr(
         plots, "save_figure", lambda figure, folder, stem: figures.append(figure) or []
     )
-    frontier_plot(frame, tmp_path, "aupr")
+    frontier_plot(Summary.of(frame), tmp_path, "aupr")
     return [ax for ax in figures[0].axes if ax.get_visible() and ax.axison]  # not the key
 
 

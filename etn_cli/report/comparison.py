@@ -14,6 +14,7 @@ import polars as pl
 from etn_cli.report.bootstrap import Resamples, load_predictions
 from etn_cli.report.paired import PAIRINGS, compare, find_reference
 from etn_cli.report.render import render
+from etn_cli.report.summary import Summary
 from etn_cli.report.tables import SEED_KEYS
 from etn_cli.report.views import footnote, view
 
@@ -84,15 +85,11 @@ class Comparison:
 
 
 def paired_comparison(
-    summary: pl.DataFrame,
-    metrics: pl.DataFrame,
-    prediction_paths: list[Path],
-    reference: str,
-    samples: int,
+    summary: Summary, prediction_paths: list[Path], reference: str, samples: int
 ) -> Comparison:
     """The comparison of every method in ``summary`` with the one ``reference`` names."""
-    key = find_reference(summary, reference)
-    predictions = load_predictions(prediction_paths, metrics)
+    key = find_reference(summary.frame, reference)
+    predictions = load_predictions(prediction_paths, summary.metrics)
     draws = Resamples(samples)
-    frames = {p: compare(summary, predictions, key, p, draws) for p in PAIRINGS}
+    frames = {p: compare(summary.frame, predictions, key, p, draws) for p in PAIRINGS}
     return Comparison(key[1], frames, samples)

@@ -27,24 +27,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import polars as pl
-
 from etn_cli.report.frontier_results import distinct_results
-from etn_cli.report.tables import summarize
+from etn_cli.report.summary import Summary
 
 
-def frontier_plot(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
-    """Draw ``frontier-<metric>`` from the metrics ``df`` into ``folder`` (see the module
-    docstring); returns the written paths, none when the metrics hold no OOD results."""
+def frontier_plot(summary: Summary, folder: Path, metric: str = "aupr") -> list[Path]:
+    """Draw ``frontier-<metric>`` of ``summary`` into ``folder`` (see the module docstring);
+    returns the written paths, none when the metrics hold no OOD results."""
     from etn_cli.report.frontier_figure import frontier_figure
     from etn_cli.report.plots import save_figure
-    from etn_cli.report.style import method_styles
 
-    results, ood_set = distinct_results(df, summarize(df), metric)
+    results = distinct_results(summary, metric)
     if not results:
         return []
-    styles = method_styles(df)
-    for result in results:
-        result.style = styles.get(result.names[0])
-    figure = frontier_figure(results, ood_set, metric)
+    figure = frontier_figure(results, summary.ood_set, metric)
     return save_figure(figure, folder, f"frontier-{metric}")

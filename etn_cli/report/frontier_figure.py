@@ -11,19 +11,15 @@ import textwrap
 
 import numpy as np
 
-from etn_cli.report.frontier_results import (
-    SAME,
-    Result,
-    crowded_accuracy,
-    pareto_front,
-    runtimes_differ,
-)
+from etn_cli.report.frontier_results import SAME, Result
+from etn_cli.report.labels import place_labels
 from etn_cli.report.style import set_scale
 
 MARKER_SIZE = 6.5
 TICK_SIZE = 7.5  # points: font of the ranked panels' names
 GLYPH = "#BBBBBB"  # the crowded accuracy's bar
 KEY_SIZE = 7.5  # points: the legend's and the notes' font
+CROWDED = 4  # results at one accuracy drawn as one glyph in (a) and ranked in (b)
 
 
 def frontier_figure(results: list[Result], ood_set: str, metric: str):
@@ -45,6 +41,35 @@ def frontier_figure(results: list[Result], ood_set: str, metric: str):
     if len({round(r.acc, SAME) for r in results}) == 1:
         return _ranked_figure(results, quality, metric, lower_better, show_runtime, notes)
     return _scatter_figure(results, quality, metric, lower_better, show_runtime, notes)
+
+
+def crowded_accuracy(results: list[Result]) -> float | None:
+    """The accuracy most results share when at least :data:`CROWDED` do, else None."""
+    counts: dict[float, int] = {}
+    for result in results:
+        counts[round(result.acc, SAME)] = counts.get(round(result.acc, SAME), 0) + 1
+    acc, count = max(counts.items(), key=lambda item: item[1])
+    return acc if count >= CROWDED else None
+
+
+def runtimes_differ(results: list[Result]) -> bool:
+    """Whether some two results' timing ranges (fastest..slowest) do not overlap."""
+    if len(results) < 2:
+        return False
+    slowest_fast = max(r.runtime[1] for r in results)  # type: ignore[index]
+    fastest_slow = min(r.runtime[2] for r in results)  # type: ignore[index]
+    return slowest_fast > fastest_slow
+
+
+def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point dominates (higher is better on both axes): no
+    ``j`` with ``x_j >= x_i`` and ``y_j >= y_i``, one of them strictly."""
+    front = []
+    for i in range(len(x)):
+        dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
+        if not dominated.any():
+            front.append(i)
+    return np.asarray(front, dtype=np.int64)
 
 
 def _ranked_figure(results, quality, metric, lower_better, show_runtime, notes):
@@ -117,8 +142,6 @@ def scatter(ax, results, column, lower_better, unlabelled, crowd) -> None:
     """One marker per result with its 95% interval (for runtime also the fastest..slowest
     timing); the ``crowd`` (results at one accuracy) as one bar with a tick each; the Pareto
     front labelled where a label fits, every other marker added to ``unlabelled``."""
-    from etn_cli.report.labels import place_labels
-
     x = np.array([r.acc if column == "acc" else r.runtime[0] for r in results])  # type: ignore[index]
     y = np.array([r.quality for r in results])
     sign_x, sign_y = (-1.0 if column == "runtime" else 1.0), (-1.0 if lower_better else 1.0)

@@ -1,5 +1,5 @@
 """The frontier's data (:mod:`etn_cli.report.frontier` says what the figure shows): the
-distinct results of the methods, their runtimes, the Pareto front and a crowded accuracy.
+distinct results of the methods, each with its names, look and runtimes, from the summary.
 """
 
 from __future__ import annotations
@@ -10,78 +10,56 @@ import numpy as np
 import polars as pl
 
 from etn_cli.report.style import Style, family_style
-from etn_cli.report.tables import METHOD, row_labels
+from etn_cli.report.summary import Summary
+from etn_cli.report.tables import METHOD
 
 SAME = 6  # decimals (in %) at which two results count as one
-CROWDED = 4  # results at one accuracy drawn as one glyph in (a) and ranked in (b)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
     """One distinct result: the methods that share it, its accuracy, quality and runtime."""
 
-    names: list[str]
-    family: str
+    label: str  # the names of the methods sharing it, comma-separated
+    look: Style  # its first method's (etn_cli.report.style), else its family's
     acc: float  # %
     quality: float  # %
     ci: float  # half-width of the 95% interval over seeds, %
     runtime: tuple[float, float, float] | None = None  # median, fastest, slowest (ms)
-    style: Style | None = None  # its first method's (etn_cli.report.style)
-
-    @property
-    def label(self) -> str:
-        return ", ".join(self.names)
-
-    @property
-    def look(self) -> Style:
-        return self.style or family_style(self.family)
 
 
-def crowded_accuracy(results: list[Result]) -> float | None:
-    """The accuracy most results share when at least :data:`CROWDED` do, else None."""
-    counts: dict[float, int] = {}
-    for result in results:
-        counts[round(result.acc, SAME)] = counts.get(round(result.acc, SAME), 0) + 1
-    acc, count = max(counts.items(), key=lambda item: item[1])
-    return acc if count >= CROWDED else None
-
-
-def distinct_results(
-    df: pl.DataFrame, summary: pl.DataFrame, metric: str
-) -> tuple[list[Result], str]:
-    """The distinct (accuracy, quality) results of the methods, in table order, and the OOD
-    eval set they are measured on (``<id>-OOD``, or the single OOD set)."""
-    from etn_cli.report.views import own_scores
-
-    ood = summary.filter(pl.col("task") == "ood")
-    if ood.is_empty():
-        return [], ""
-    id_dataset = summary["id_dataset"][0]
-    sets = ood["eval_set"].unique().to_list()
-    ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in sets else sorted(sets)[0]
-    own = own_scores(summary)
+def distinct_results(summary: Summary, metric: str) -> list[Result]:
+    """The distinct (accuracy, quality) results of the methods, in table order, on the OOD
+    eval set of the figures (``<id>-OOD``, or the single OOD set)."""
+    if summary.ood_set is None:
+        return []
     cells = {
         (tuple(r[c] for c in METHOD), r["metric"], r["score"]): r
-        for r in summary.filter(
-            ((pl.col("eval_set") == ood_set) & (pl.col("metric") == metric))
+        for r in summary.frame.filter(
+            ((pl.col("eval_set") == summary.ood_set) & (pl.col("metric") == metric))
             | ((pl.col("task") == "id") & (pl.col("metric") == "acc"))
         ).iter_rows(named=True)
     }
-    times = runtime_ranges(df)
-    groups: dict[tuple, Result] = {}
-    for key, name in row_labels(summary).items():
+    groups: dict[tuple, list] = {}  # (acc, quality) -> names, the first's key and CI
+    for key, name in summary.labels.items():
         acc = cells.get((key, "acc", None))
-        quality = cells.get((key, metric, own.get(key, "mp")))
+        quality = cells.get((key, metric, summary.own.get(key, "mp")))
         if acc is None or quality is None or acc["mean"] is None or quality["mean"] is None:
             continue
         point = (round(100 * acc["mean"], SAME), round(100 * quality["mean"], SAME))
-        if point in groups:
-            groups[point].names.append(name)
-            continue
-        family = key[3] or "other"
-        ci = 100 * (quality["ci95"] or 0.0)
-        groups[point] = Result([name], family, *point, ci, times.get(key))
-    return list(groups.values()), ood_set
+        first = [[], key, 100 * (quality["ci95"] or 0.0)]
+        groups.setdefault(point, first)[0].append(name)
+    times = runtime_ranges(summary.metrics)
+    return [
+        Result(
+            ", ".join(names),
+            summary.styles.get(names[0]) or family_style(key[3] or "other"),
+            *point,
+            ci,
+            times.get(key),
+        )  # fmt: skip
+        for point, (names, key, ci) in groups.items()
+    ]
 
 
 def runtime_ranges(df: pl.DataFrame) -> dict[tuple, tuple[float, float, float]]:
@@ -109,23 +87,3 @@ def runtime_ranges(df: pl.DataFrame) -> dict[tuple, tuple[float, float, float]]:
     return {
         key: (float(np.median(v)), min(v), max(v)) for key, v in out.items() if v and min(v) > 0
     }
-
-
-def runtimes_differ(results: list[Result]) -> bool:
-    """Whether some two results' timing ranges (fastest..slowest) do not overlap."""
-    if len(results) < 2:
-        return False
-    slowest_fast = max(r.runtime[1] for r in results)  # type: ignore[index]
-    fastest_slow = min(r.runtime[2] for r in results)  # type: ignore[index]
-    return slowest_fast > fastest_slow
-
-
-def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Indices of the points no other point dominates (higher is better on both axes): no
-    ``j`` with ``x_j >= x_i`` and ``y_j >= y_i``, one of them strictly."""
-    front = []
-    for i in range(len(x)):
-        dominated = (x >= x[i]) & (y >= y[i]) & ((x > x[i]) | (y > y[i]))
-        if not dominated.any():
-            front.append(i)
-    return np.asarray(front, dtype=np.int64)

@@ -26,7 +26,7 @@ import polars as pl
 
 from etn_cli.errors import EtnError
 from etn_cli.report.style import SCORE_STYLES, spans_decades
-from etn_cli.report.tables import summarize
+from etn_cli.report.summary import Summary
 from etn_cli.store.atomic import atomic_write_bytes
 
 PLOT_FORMATS = ("png", "pdf")
@@ -57,15 +57,14 @@ def sweep_point(text: str, method: str) -> dict[str, Any]:
     return point
 
 
-def sweep_plots(df: pl.DataFrame, folder: Path, metric: str = "aupr") -> list[Path]:
-    """Draw every ablation figure of the metrics in ``df`` into ``folder`` as PNG and PDF.
+def sweep_plots(summary: Summary, folder: Path, metric: str = "aupr") -> list[Path]:
+    """Draw every ablation figure of ``summary`` into ``folder`` as PNG and PDF.
 
     Returns the written paths (none when no head was swept).
     """
-    points = sweep_points(df)
+    points = sweep_points(summary.metrics)
     if points.is_empty():
         return []
-    summary = summarize(df)
     written: list[Path] = []
     for method in points["method"].unique(maintain_order=True).to_list():
         mine = points.filter(pl.col("method") == method)
@@ -108,9 +107,7 @@ def _figure(summary, method, setting, rest, members, metric):
     values = [v for v, _ in members]
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
     x = np.asarray(values, dtype=float) if numeric else np.arange(len(values), dtype=float)
-    id_dataset = summary["id_dataset"][0]
-    ood_sets = summary.filter(pl.col("task") == "ood")["eval_set"].unique().to_list()
-    ood_set = f"{id_dataset}-OOD" if f"{id_dataset}-OOD" in ood_sets else sorted(ood_sets)[0]
+    id_dataset, ood_set = summary.frame["id_dataset"][0], summary.ood_set
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     panels = (
@@ -120,9 +117,8 @@ def _figure(summary, method, setting, rest, members, metric):
     for ax, (title, task, eval_set, series) in zip(axes, panels, strict=True):
         for k, (metric_name, score, name) in enumerate(series):
             wanted = metric if metric_name == "aupr" else metric_name
-            mean, ci = _series(
-                summary, [label for _, label in members], task, eval_set, wanted, score
-            )
+            labels = [label for _, label in members]
+            mean, ci = _series(summary.frame, labels, task, eval_set, wanted, score)
             if np.isnan(mean).all():
                 continue
             style = SCORE_STYLES[name]

@@ -25,8 +25,7 @@ import polars as pl
 
 from etn_cli.metrics.evaluation import ECE_BINS
 from etn_cli.metrics.reliability import RELIABILITY_METRICS, bin_name
-from etn_cli.report.style import Style, method_styles
-from etn_cli.report.tables import row_labels
+from etn_cli.report.summary import Summary
 
 SHARE_COLOUR, KEY_COLOUR = "#BBBBBB", "#555555"  # the bars; the legend's stand-in for a method
 COLUMNS = 5
@@ -61,17 +60,18 @@ def pooled_bins(df: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, np.
     return result
 
 
-def reliability_plot(df: pl.DataFrame, folder: Path) -> list[Path]:
+def reliability_plot(summary: Summary, folder: Path) -> list[Path]:
     """Draw one reliability panel per distinct set of pooled bins into ``folder``; returns the
     paths (none when the metrics carry no bins, e.g. files written by an older etn)."""
     from etn_cli.report.plots import save_figure
 
-    bins = pooled_bins(df)
+    bins = pooled_bins(summary.metrics)
     if not bins:
         return []
-    panels = shared_panels([label for label in _ordered_labels(df) if label in bins], bins)
-    ece, seeds = _mean_ece(df), _seed_counts(df)
-    styles = _styles_by_label(df)
+    ordered = dict.fromkeys(key[1] for key in summary.labels)  # by method_label, as pooled
+    panels = shared_panels([label for label in ordered if label in bins], bins)
+    ece, seeds = _mean_ece(summary.frame), _seed_counts(summary.metrics)
+    styles = {key[1]: summary.styles[label] for key, label in summary.labels.items()}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,21 +183,12 @@ def _panel(ax, title, n, confidence, accuracy, ece, seeds, style) -> None:
     ax.grid(alpha=0.25)
 
 
-def _styles_by_label(df: pl.DataFrame) -> dict[str, Style]:
-    """Per ``method_label`` (as the bins are pooled), the method's style in every figure."""
-    styles = method_styles(df)
-    return {key[1]: styles[label] for key, label in row_labels(df).items()}
-
-
-def _ordered_labels(df: pl.DataFrame) -> list[str]:
-    """Method labels in the tables' order (by family, then first appearance)."""
-    return list(dict.fromkeys(key[1] for key in row_labels(df)))
-
-
-def _mean_ece(df: pl.DataFrame) -> dict[str, float]:
-    ece = df.filter((pl.col("metric") == "ece") & (pl.col("task") == "id"))
-    means = ece.group_by("method_label").agg(pl.col("value").mean())
-    return {label: value for label, value in means.iter_rows() if value is not None}
+def _mean_ece(frame: pl.DataFrame) -> dict[str, float]:
+    """Per method label, its mean ECE on the ID test set, from the summary ``frame``."""
+    ece = frame.filter((pl.col("metric") == "ece") & (pl.col("task") == "id"))
+    return {
+        r["method_label"]: r["mean"] for r in ece.iter_rows(named=True) if r["mean"] is not None
+    }
 
 
 def _seed_counts(df: pl.DataFrame) -> dict[str, int]:

@@ -10,6 +10,7 @@ more seeds and the mean alone otherwise; methods are grouped by family, one sect
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from itertools import groupby
 
 import polars as pl
@@ -223,62 +224,77 @@ def table_rows(table: pl.DataFrame) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class TextColumns:
+    """The terminal table's column specs, from its headers and formatted cell strings: the
+    Method column's labels and width and, per cell column, its cells, its width and the width
+    of its trailing marks (best, significant). A block of columns is as wide as their widths
+    add up to, so a table is cut into blocks without rendering it."""
+
+    labels: list[str]
+    label_width: int
+    cells: dict[str, list[str]]
+    widths: dict[str, tuple[int, int]]  # name -> (width, of which trailing marks)
+
+    @classmethod
+    def of(cls, table: pl.DataFrame) -> TextColumns:
+        rows = formatted(table, "table")
+        labels = [row[0] for row in rows]
+        label_width = min(max([len("Method"), *map(len, labels)]), METHOD_WIDTH)
+        cells = {name: [row[i] for row in rows] for i, name in enumerate(cell_columns(table), 1)}
+        widths = {}
+        for name, column in cells.items():
+            marks = max((len(c) - len(c.rstrip(MARKERS)) for c in column), default=0)
+            numbers = (len(c.rstrip(MARKERS)) for c in column)
+            widths[name] = (max(len(name.rsplit(" ", 1)[-1]), *numbers) + marks, marks)
+        return cls(labels, label_width, cells, widths)
+
+    def width(self, names: list[str]) -> int:
+        """The widest line of a block of the columns ``names``."""
+        return self.label_width + sum(self.widths[name][0] + 1 for name in names)
+
+
+def text_width(table: pl.DataFrame) -> int:
+    """The widest line of ``table`` rendered for a terminal in one block."""
+    return TextColumns.of(table).width(cell_columns(table))
+
+
 def render_text(table: pl.DataFrame, max_width: int | None = MAX_WIDTH) -> str:
     """Aligned plain text for a terminal or a log, at most ``max_width`` characters wide: a
     table too wide is cut into blocks of whole column groups (an eval set's columns stay
     together), each repeating the Method column, one after the other."""
-    text = _text_block(table)
-    if max_width is None or _widest(text) <= max_width:
-        return text
-    family = ["Family"] if "Family" in table.columns else []
-    blocks: list[list[str]] = [[]]
-    for _, members in groupby(cell_columns(table), key=lambda name: name.rsplit(" ", 1)[0]):
-        for column in _fitting(table, list(members), max_width, family):
-            trial = blocks[-1] + column
-            if blocks[-1] and _widest(_text_block(table.select("Method", *trial, *family))) > (
-                max_width
-            ):
-                blocks.append(column)
-            else:
-                blocks[-1] = trial
-    return "\n".join(_text_block(table.select("Method", *block, *family)) for block in blocks)
-
-
-def _fitting(
-    table: pl.DataFrame, group: list[str], max_width: int, family: list[str]
-) -> list[list[str]]:
-    """A column group as one piece, or its columns one by one when the group alone is wider
-    than ``max_width``."""
-    alone = _text_block(table.select("Method", *group, *family))
-    return [group] if _widest(alone) <= max_width else [[column] for column in group]
-
-
-def _widest(text: str) -> int:
-    return max((len(line) for line in text.splitlines()), default=0)
-
-
-def _text_block(table: pl.DataFrame) -> str:
-    """One aligned block: a group header line (eval set) over the column names, one section
-    per family, best per column marked ``*``."""
+    columns = TextColumns.of(table)
     names = cell_columns(table)
-    rows = formatted(table, "table")
-    label_width = min(max([len("Method"), *(len(r[0]) for r in rows)]), METHOD_WIDTH)
-    marks = [
-        max(len(r[i + 1]) - len(r[i + 1].rstrip(MARKERS)) for r in rows) for i in range(len(names))
-    ]
-    widths = [
-        max(len(name.rsplit(" ", 1)[-1]), *(len(r[i + 1].rstrip(MARKERS)) for r in rows)) + marks[i]
-        for i, name in enumerate(names)
-    ]
+    if max_width is None or columns.width(names) <= max_width:
+        return _text_block(table, columns, names)
+    blocks: list[list[str]] = [[]]
+    for _, members in groupby(names, key=lambda name: name.rsplit(" ", 1)[0]):
+        group = list(members)
+        pieces = [group] if columns.width(group) <= max_width else [[c] for c in group]
+        for piece in pieces:
+            if blocks[-1] and columns.width(blocks[-1] + piece) > max_width:
+                blocks.append(piece)
+            else:
+                blocks[-1] = blocks[-1] + piece
+    return "\n".join(_text_block(table, columns, block) for block in blocks)
+
+
+def _text_block(table: pl.DataFrame, columns: TextColumns, names: list[str]) -> str:
+    """One aligned block of the columns ``names``: a group header line (eval set) over the
+    column names, one section per family, best per column marked ``*``."""
+    label_width = columns.label_width
+    widths = [columns.widths[name] for name in names]
     groups = [name.rsplit(" ", 1)[0] for name in names]
     top = " " * label_width
     for group, members in groupby(zip(groups, widths, strict=True), key=lambda g: g[0]):
-        span = sum(w + 1 for _, w in members)
+        span = sum(w + 1 for _, (w, _) in members)
         top += " " + _fit(group, span - 1).center(span - 1)
     lines = [top.rstrip()]
     lines.append(
         "Method".ljust(label_width)
-        + "".join(" " + n.rsplit(" ", 1)[-1].rjust(w) for n, w in zip(names, widths, strict=True))
+        + "".join(
+            " " + n.rsplit(" ", 1)[-1].rjust(w) for n, (w, _) in zip(names, widths, strict=True)
+        )
     )
     rule = "─" * len(lines[-1])
     sections = _families(table)
@@ -286,9 +302,9 @@ def _text_block(table: pl.DataFrame) -> str:
         heading = f"── {FAMILY_NAMES.get(family, family)} "
         lines.append(rule if len(sections) == 1 else _fit(heading, len(rule)).ljust(len(rule), "─"))
         for i in members:
-            label = _fit(rows[i][0], label_width).ljust(label_width)
+            label = _fit(columns.labels[i], label_width).ljust(label_width)
             cells = "".join(
-                " " + _aligned(c, w, m) for c, w, m in zip(rows[i][1:], widths, marks, strict=True)
+                " " + _aligned(columns.cells[n][i], *w) for n, w in zip(names, widths, strict=True)
             )
             lines.append((label + cells).rstrip())
     return "\n".join(lines) + "\n"

@@ -20,16 +20,17 @@ import numpy as np
 import polars as pl
 
 from etn_cli.metrics.selective import COVERAGES, risk_coverage_curve
-from etn_cli.report.style import family_style, method_styles
-from etn_cli.report.tables import METHOD, row_labels, summarize
+from etn_cli.report.style import family_style
+from etn_cli.report.summary import Summary
+from etn_cli.report.tables import METHOD
 
 SHOWN = 5
 NEAR = 0.12  # share of the axis width under which two reference names stack
 
 
-def curve_groups(summary: pl.DataFrame) -> list[tuple[list[tuple], float]]:
+def curve_groups(summary: Summary) -> list[tuple[list[tuple], float]]:
     """Method keys with one AURC of MP and one accuracy (one curve), best AURC first."""
-    values = summary.filter(
+    values = summary.frame.filter(
         (pl.col("task") == "id")
         & (((pl.col("metric") == "aurc") & (pl.col("score") == "mp")) | (pl.col("metric") == "acc"))
     )
@@ -37,7 +38,7 @@ def curve_groups(summary: pl.DataFrame) -> list[tuple[list[tuple], float]]:
         (tuple(r[c] for c in METHOD), r["metric"]): r["mean"] for r in values.iter_rows(named=True)
     }
     groups: dict[tuple, list[tuple]] = {}
-    for key in row_labels(summary):
+    for key in summary.labels:
         aurc, acc = cells.get((key, "aurc")), cells.get((key, "acc"))
         if aurc is not None and acc is not None:
             groups.setdefault((round(aurc, 12), round(acc, 12)), []).append(key)
@@ -58,24 +59,23 @@ def mean_curve(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     return coverage, np.mean(risks, axis=0)
 
 
-def risk_coverage_plot(df: pl.DataFrame, predictions: dict[str, Path], folder: Path) -> list[Path]:
-    """Draw ``risk-coverage`` from the metrics ``df`` and the predictions files by metrics key
+def risk_coverage_plot(summary: Summary, predictions: dict[str, Path], folder: Path) -> list[Path]:
+    """Draw ``risk-coverage`` from ``summary`` and the predictions files by metrics key
     (``predictions``); returns the written paths (none without AURC values or files)."""
     from etn_cli.report.plots import save_figure
 
-    summary = summarize(df)
     groups = curve_groups(summary)
     if not groups or not predictions:
         return []
     chosen = groups[:SHOWN] + [g for g in groups[SHOWN:] if any(k[0] == "map" for k in g[0])]
     curves = []
     for keys, aurc in chosen:
-        paths = _prediction_paths(df, keys[0], predictions)
+        paths = _prediction_paths(summary.metrics, keys[0], predictions)
         if paths:
             curves.append((keys, aurc, *mean_curve(paths)))
     if not curves:
         return []
-    figure = _figure(curves, row_labels(summary), method_styles(df), len(groups))
+    figure = _figure(curves, summary.labels, summary.styles, len(groups))
     return save_figure(figure, folder, "risk-coverage")
 
 
@@ -112,7 +112,7 @@ def _figure(curves, labels: dict, styles: dict, total: int):
     start = max(0.0, 10 * np.floor((100 * first_error - 5) / 10))
     for i, (keys, aurc, coverage, risk) in enumerate(curves):
         names = [labels[k] for k in keys]
-        style = styles.get(names[0], family_style(keys[0][3]))
+        style = styles.get(names[0]) or family_style(keys[0][3])
         baseline = any(k[0] == "map" for k in keys)
         ax.plot(
             100 * coverage, 100 * risk, linewidth=1.4, linestyle="--" if baseline else "-",

@@ -1,17 +1,16 @@
-"""Report tables: long metrics Parquet -> seed summaries -> the paper's table layout.
+"""Report tables: the long metrics Parquet files read and checked (:func:`read_metrics`, the
+report's first step), and the tables' layout of a summary
+(:func:`etn_cli.report.summary.summarize`, the second).
 
-Tables stay long until here (STYLE "Tables stay long until the report"). :func:`summarize`
-averages the OOD sets into ``<ID>-OOD`` and reports the mean and 95% t-interval over seeds, as
-in the paper ("we report the mean along with 95% confidence intervals"); :func:`paper_table`
+Tables stay long until here (STYLE "Tables stay long until the report"). :func:`paper_table`
 lays the summary out like the paper's Table "AUPR scores" (ID: ACC, MP, UM; each OOD set: MP,
-MI, DE); :func:`render` writes it as Markdown, CSV or LaTeX (booktabs).
+MI, DE); :func:`etn_cli.report.render.render` writes it as text, Markdown, CSV or LaTeX.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from etn_cli.errors import DamagedArtefact, EtnError
@@ -46,6 +45,7 @@ PERCENT_METRICS = {
     "risk80", "risk90", "risk95", "coverage",
 }  # fmt: skip
 PERMILLE_METRICS = {"aurc", "eaurc"}  # areas of small risks, in ‰ as the literature gives them
+RUNTIME = "runtime_ms"  # pseudo-metric: inference time per sample (backbone + head), ms
 
 
 def display_scale(metric: str | None) -> float:
@@ -178,118 +178,6 @@ def _refuse_results_counted_twice(metrics: pl.DataFrame) -> None:
     )
 
 
-def _ood_average(df: pl.DataFrame) -> pl.DataFrame:
-    """Per seed, the mean over 2+ OOD eval sets as eval set ``<id_dataset>-OOD`` (task "ood"),
-    and the mean over each group of OOD sets (``[data.groups]``) as ``<group>-OOD``, as
-    OpenOOD's leaderboard averages near- and far-OOD."""
-    keys = [*SETTING, *METHOD, "seed", "metric", "score"]
-    average_name = pl.col("id_dataset") + "-OOD"
-    ood = df.filter((pl.col("task") == "ood") & (pl.col("eval_set") != average_name))
-    averaged = ood.group_by(keys, maintain_order=True).agg(
-        pl.col("value").mean(), pl.col("eval_set").n_unique().alias("n_sets")
-    )
-    grouped = (
-        ood.filter(pl.col("ood_group").is_not_null())
-        .group_by([*keys, "ood_group"], maintain_order=True)
-        .agg(pl.col("value").mean())
-    )
-    return pl.concat(
-        [
-            _as_eval_set(averaged.filter(pl.col("n_sets") >= 2), average_name),
-            _as_eval_set(grouped, pl.col("ood_group") + "-OOD"),
-        ]
-    )
-
-
-def _as_eval_set(frame: pl.DataFrame, name: pl.Expr) -> pl.DataFrame:
-    """Averaged OOD rows in the long layout, under the eval-set name ``name``."""
-    return frame.select(
-        *SETTING,
-        name.alias("eval_set"),
-        pl.lit("ood").alias("task"),
-        *METHOD,
-        pl.lit(None, pl.String).alias("ood_group"),
-        "seed",
-        "metric",
-        "score",
-        "value",
-        pl.lit(None, pl.String).alias("note"),
-    )
-
-
-RUNTIME = "runtime_ms"  # pseudo-metric: inference time per sample (backbone + head), ms
-
-
-def runtime_rows(df: pl.DataFrame) -> pl.DataFrame:
-    """Per head and seed, the inference time of one sample in ms, as metric ``runtime_ms``.
-
-    ``backbone_passes * backbone_s_per_sample`` (the backbone's forward time measured at
-    extraction, times the passes the method needs: 2 for ODIN's perturbation) plus the head's
-    own ``inference_s_per_sample``; files without the backbone columns count the head only.
-    """
-    if "inference_s_per_sample" not in df.columns:
-        return pl.DataFrame(schema=COLUMN_TYPES)
-    backbone = (
-        pl.col("backbone_passes").fill_null(1) * pl.col("backbone_s_per_sample").fill_null(0.0)
-        if {"backbone_passes", "backbone_s_per_sample"} <= set(df.columns)
-        else pl.lit(0.0)
-    )
-    per_head = df.group_by([*SETTING, *METHOD, "seed"], maintain_order=True).agg(
-        ((pl.col("inference_s_per_sample") + backbone) * 1000).first().alias("value")
-    )
-    return per_head.select(
-        *SETTING,
-        pl.col("id_dataset").alias("eval_set"),
-        pl.lit("id").alias("task"),
-        *METHOD,
-        pl.lit(None, pl.String).alias("ood_group"),
-        "seed",
-        pl.lit(RUNTIME).alias("metric"),
-        pl.lit(None, pl.String).alias("score"),
-        "value",
-        pl.lit(None, pl.String).alias("note"),
-    )
-
-
-def t_quantile(dof: np.ndarray) -> np.ndarray:
-    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (scipy.special on use:
-    importing scipy.stats would cost a rerun half a second)."""
-    from scipy.special import stdtrit
-
-    return stdtrit(dof, 0.975)
-
-
-def summarize(df: pl.DataFrame) -> pl.DataFrame:
-    """Mean, 95% CI half-width and seed count per setting, eval set, method, metric and score.
-
-    ``ci95 = t_{0.975, n-1} * std(ddof=1) / sqrt(n)`` over the n seeds with a value (0 when
-    n == 1, null when n == 0). Null values are left out; a group of only nulls has a null mean
-    and keeps the first note saying why.
-    """
-    long = df.select(pl.col(name).cast(dtype) for name, dtype in COLUMN_TYPES.items())
-    runtime = runtime_rows(df).select(pl.col(n).cast(t) for n, t in COLUMN_TYPES.items())
-    long = pl.concat([long, _ood_average(long), runtime], how="vertical_relaxed")
-    summary = long.group_by(SEED_KEYS, maintain_order=True).agg(
-        pl.col("value").mean().alias("mean"),
-        pl.col("value").std(ddof=1).alias("std"),
-        pl.col("value").count().alias("n_seeds"),
-        pl.col("seed").filter(pl.col("value").is_not_null()).unique().sort().alias("seeds"),
-        pl.col("note").drop_nulls().first().alias("note"),
-    )
-    n = summary["n_seeds"].to_numpy().astype(np.float64)  # (G,)
-    std = summary["std"].fill_null(0.0).to_numpy()  # (G,)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ci = np.where(n > 1, t_quantile(n - 1) * std / np.sqrt(n), 0.0)  # (G,)
-    ci95 = pl.Series("ci95", ci).set(pl.Series(n == 0), None)
-    return summary.with_columns(ci95).select(*SEED_KEYS, "mean", "ci95", "n_seeds", "seeds", "note")
-
-
-def split_by_backbone(summary: pl.DataFrame) -> dict[tuple[str, str], pl.DataFrame]:
-    """Split a summary into one frame per (pipeline, backbone), each fit for :func:`paper_table`."""
-    parts = summary.partition_by(["pipeline", "backbone"], maintain_order=True, as_dict=True)
-    return {(str(key[0]), str(key[1])): part for key, part in parts.items()}
-
-
 def column_specs(summary: pl.DataFrame, metric: str) -> list[tuple[str, pl.Expr, str]]:
     """(column name, row filter, metric) for every column of the paper table, in order."""
     specs = []
@@ -375,6 +263,6 @@ def paper_table(summary: pl.DataFrame, metric: str = "aupr") -> pl.DataFrame:
     if settings > 1:
         raise EtnError(
             f"Expected one (pipeline, backbone) per table, found {settings}. "
-            "Split the summary with split_by_backbone() and build one table each."
+            "Build one table per part of Summary.parts()."
         )
     return build_table(summary, column_specs(summary, metric))

@@ -26,6 +26,7 @@ from etn_cli.report.metric_names import (
     RANKING,
     SELECTIVE,
 )
+from etn_cli.report.render import text_width
 from etn_cli.report.tables import (
     METHOD,
     PERCENT_METRICS,
@@ -106,16 +107,9 @@ def summary_view(summary: pl.DataFrame, max_width: int = MAX_WIDTH) -> pl.DataFr
         aupr = [("OOD mean AUPR(MP)" if average else f"{mean_set} AUPR(MP)", keep, "aupr")]
     labels = _labels_with_scores(summary, own)
     table = build_table(scored, specs + [s for e in sets for s in per_set(e, e)] + aupr, labels)
-    if average is not None and _text_width(table) > max_width:
+    if average is not None and text_width(table) > max_width:
         table = build_table(scored, specs + per_set(average, "OOD mean") + aupr, labels)
     return table
-
-
-def _text_width(table: pl.DataFrame) -> int:
-    """The widest line of ``table`` rendered for a terminal in one block."""
-    from etn_cli.report.render import render_text
-
-    return max(len(line) for line in render_text(table, max_width=None).splitlines())
 
 
 def _labels_with_scores(summary: pl.DataFrame, own: dict[tuple, str]) -> dict[tuple, str]:

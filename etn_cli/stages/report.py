@@ -11,7 +11,6 @@ Figures a run no longer draws are removed, so the folder never shows stale resul
 from __future__ import annotations
 
 import json
-import textwrap
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,7 @@ from etn_cli.report.bootstrap import BOOTSTRAP_SAMPLES
 from etn_cli.report.comparison import Comparison, paired_comparison
 from etn_cli.report.failures import failures_note, with_failed_rows
 from etn_cli.report.frontier import frontier_plot
-from etn_cli.report.metric_names import SELECTIVE
+from etn_cli.report.metric_names import RANKING, SELECTIVE
 from etn_cli.report.plot_record import (
     intact_figures,
     read_plot_record,
@@ -41,7 +40,8 @@ from etn_cli.report.plots import sweep_plots
 from etn_cli.report.reliability import reliability_plot
 from etn_cli.report.render import render, table_rows
 from etn_cli.report.selective_plot import risk_coverage_plot
-from etn_cli.report.tables import read_metrics, summarize
+from etn_cli.report.summary import Summary
+from etn_cli.report.tables import read_metrics
 from etn_cli.report.views import footnote, view
 from etn_cli.stages.failure_records import plan_failures
 from etn_cli.store.artefacts.predictions import predictions_path
@@ -96,98 +96,47 @@ def failed_entries(plan: Plan) -> dict[str, dict[str, Any]]:
 
 
 def table_text(
-    summary: pl.DataFrame,
-    fmt: str,
-    metric: str | None,
-    fitted_on: str | None = None,
-    comparison: Comparison | None = None,
-    *,
-    failed: Sequence[dict] = (),
+    summary: Summary, fmt: str, metric: str | None, comparison: Comparison | None = None
 ) -> str:
     """The ``--metric`` view of ``summary`` in ``fmt``; plain text and Markdown get a footnote
-    (with ``fitted_on``, the splits the heads were fitted on and any fallbacks, when given)
-    and, for a selective-prediction metric, the overview of them all (AURC, E-AURC, risks)
-    above its table; with a paired ``comparison``, cells that differ significantly from its
-    reference carry a ``†``; a ``failed`` method (an entry of :func:`failed_entries`) without
-    results has a ``(failed)`` row, one with results from some seeds a ``‡`` (plain text and
-    Markdown), and the footnote says why each failed and how many seeds the marked numbers
-    come from."""
+    (with the splits the heads were fitted on and any fallbacks) and, for a
+    selective-prediction metric, the overview of them all (AURC, E-AURC, risks) above its
+    table; with a paired ``comparison``, cells that differ significantly from its reference
+    carry a ``†``; a failed method (an entry of :func:`failed_entries`) without results has a
+    ``(failed)`` row, one with results from some seeds a ``‡`` (plain text and Markdown), and
+    the footnote says why each failed and how many seeds the marked numbers come from."""
     if fmt == "json":
         return shown_json(summary, metric)
-    marked = comparison.marked(summary, metric) if comparison else summary
+    marked = comparison.marked(summary.frame, metric) if comparison else summary.frame
     table = view(marked, metric)
-    shown = summary["method_label"].unique().to_list() if failed else []
+    failed, fitted_on = summary.failed, summary.fitted_on
     with_notes = fmt in ("table", "markdown")
     if failed:
-        table = with_failed_rows(table, failed, shown, mark=with_notes)
+        table = with_failed_rows(table, failed, summary.shown, mark=with_notes)
     body = render(table, fmt)
     if with_notes:
         if metric in SELECTIVE:
             body = render(view(marked, "selective"), fmt) + "\n" + body
         note = footnote(table, metric) + (f"\n{fitted_on}" if fitted_on else "")
-        note += f"\n{failures_note(failed, shown)}" if failed else ""
+        note += f"\n{failures_note(failed, summary.shown)}" if failed else ""
         note += f"\n{comparison.note()}" if comparison else ""
         return body + ("\n" + note if fmt == "table" else "\n" + _md_note(note)) + "\n"
     return body
-
-
-def notes(metrics: pl.DataFrame) -> str | None:
-    """The footnote's lines on how the heads were fitted: the splits, and any fallbacks."""
-    lines = [note for note in (fit_splits_note(metrics), fallbacks_note(metrics)) if note]
-    return "\n".join(lines) or None
-
-
-def fit_splits_note(metrics: pl.DataFrame) -> str | None:
-    """``Fitted on digits:train (760 rows): 17 methods; digits:adapt (190 rows): 15.``: which
-    split the heads were fitted on (post-hoc scorers use ``[data] fit`` for ID statistics),
-    from the ``fit_split`` column the metrics files record; None for files without it."""
-    if "fit_split" not in metrics.columns:
-        return None
-    counts = (
-        metrics.filter(pl.col("fit_split").is_not_null())
-        .group_by("fit_split", maintain_order=True)
-        .agg(pl.col("method_label").n_unique().alias("n"))
-        .sort("n", descending=True, maintain_order=True)
-    )
-    parts = [f"{split}: {n} method{'s' * (n != 1)}" for split, n in counts.iter_rows()]
-    return f"Fitted on {'; '.join(parts)}." if parts else None
-
-
-def fallbacks_note(metrics: pl.DataFrame) -> str | None:
-    """``Fell back to a rule (no finite adaptation-NLL optimum): Temperature scaling (T by
-    Laplace's rule).``: the methods whose fitted temperature is a fallback rule's rather than
-    the NLL's minimiser (:mod:`etn_cli.heads.calibration`), from the ``fit_fallback`` column;
-    None when there are none or the files predate it."""
-    if "fit_fallback" not in metrics.columns:
-        return None
-    fell = (
-        metrics.filter(pl.col("fit_fallback").is_not_null())
-        .select("method_label", "fit_fallback")
-        .unique(maintain_order=True)
-        .group_by("method_label", maintain_order=True)
-        .agg(pl.col("fit_fallback").unique(maintain_order=True))
-    )
-    parts = [f"{label} ({'; '.join(rules)})" for label, rules in fell.iter_rows()]
-    if not parts:
-        return None
-    line = f"Fell back to a rule (no finite adaptation-NLL optimum): {', '.join(parts)}."
-    return textwrap.fill(line, width=80, break_long_words=False, break_on_hyphens=False)
 
 
 def _md_note(note: str) -> str:
     return "\n".join(line.replace("*", r"\*", 1) for line in note.splitlines())
 
 
-def shown_json(
-    summary: pl.DataFrame, metric: str | None, comparison: Comparison | None = None
-) -> str:
+def shown_json(summary: Summary, metric: str | None, comparison: Comparison | None = None) -> str:
     """What the printed table shows, for a program (``--format json``): per method and column
     the mean and 95% CI half-width in the table's units (its footnote says which), and with a
     ``comparison`` its differences likewise; ``--rows`` gives every row instead
     (:func:`results_json`)."""
-    table = view(comparison.marked(summary, metric) if comparison else summary, metric)
+    frame = summary.frame
+    table = view(comparison.marked(frame, metric) if comparison else frame, metric)
     record = {
-        "pipeline": summary["pipeline"][0] if "pipeline" in summary.columns else None,
+        "pipeline": frame["pipeline"][0],
         "view": metric or "summary",
         "footnote": footnote(table, metric).splitlines(),
         "rows": table_rows(table),
@@ -198,10 +147,10 @@ def shown_json(
     return json.dumps(record, indent=1, default=str)
 
 
-def results_json(summary: pl.DataFrame, extra: dict | None = None) -> str:
+def results_json(summary: Summary, extra: dict | None = None) -> str:
     """Per method, metric, score and eval set: mean, 95% CI half-width, seeds, rows of the
     eval set; with how it was made."""
-    rows = summary.filter(~pl.col("metric").is_in(RELIABILITY_METRICS)).select(
+    rows = summary.frame.filter(~pl.col("metric").is_in(RELIABILITY_METRICS)).select(
         "pipeline", "backbone", "id_dataset", "eval_set", "task", "method", "method_label",
         "variant", "family", "metric", "score", "mean", pl.col("ci95").alias("ci95_half_width"),
         "n_seeds", "seeds", "note",
@@ -234,25 +183,17 @@ def report(
     name = plan.pipeline.name
     with progress.step("report", f"{name}: summary of {len(units)} metrics files"):
         metrics = with_shift_groups(read_metrics(metrics_paths(plan, units)), plan)
-        summary = summarize(metrics)
-    fitted_on = notes(metrics)
+        summary = Summary.of(metrics, failed)
     comparison = None
     if compare is not None:
         predicted = [predictions_path(u.path) for u in units]
         with progress.step("report", f"{name}: paired bootstrap against {compare}"):
-            comparison = paired_comparison(summary, metrics, predicted, compare, bootstrap)
+            comparison = paired_comparison(summary, predicted, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
     made: dict[str, list[Path]] = {}  # view -> the files this report wrote for it
-    for view_name, stem, wanted in _tables(summary, metric):
-        text = partial(
-            table_text,
-            summary,
-            metric=wanted,
-            fitted_on=fitted_on,
-            comparison=comparison,
-            failed=failed,
-        )
+    for view_name, stem, wanted in _tables(summary.frame, metric):
+        text = partial(table_text, summary, metric=wanted, comparison=comparison)
         made.setdefault(view_name, []).extend(_write_table(folder, stem, text))
     if comparison is not None:
         stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
@@ -271,7 +212,7 @@ def report(
     made[SUMMARY_VIEW].append(folder / "results.json")
     record = earlier_record(folder)
     with progress.step("report", f"{name}: plots"):
-        plots, drawn, key = _plots(units, metrics, folder, metric, record)
+        plots, drawn, key = _plots(units, summary, folder, metric, record)
     for kind, paths in plots.items():  # the frontier of --metric auroc is auroc's view
         made.setdefault(kind if kind == metric and kind != "aupr" else SUMMARY_VIEW, []).extend(
             paths
@@ -284,7 +225,7 @@ def report(
     if fmt == "json":
         shown = results_json(summary, extra) if rows else shown_json(summary, metric, comparison)
         return shown, written, failed
-    shown = table_text(summary, fmt, metric, fitted_on, comparison, failed=failed)
+    shown = table_text(summary, fmt, metric, comparison)
     if comparison is not None:
         shown = shown.rstrip("\n") + "\n\n" + comparison.table_text(fmt, metric)
     return shown, written, failed
@@ -322,26 +263,24 @@ def _tables(summary: pl.DataFrame, metric: str | None) -> list[tuple[str, str, s
 
 
 def _plots(
-    units: list[MetricsUnit], metrics: pl.DataFrame, folder: Path, metric: str | None, record: dict
+    units: list[MetricsUnit], summary: Summary, folder: Path, metric: str | None, record: dict
 ) -> tuple[dict[str, list[Path]], dict, str]:
     """Draw the sweep and frontier plots (per ranking metric) and the reliability diagrams
     unless ``record`` says these exact metrics were drawn already; returns the paths per plot
     kind, what the record says was drawn (this report's kinds and, from the same metrics,
     earlier ones), and the metrics' key."""
-    from etn_cli.report.views import RANKING
-
     wanted = ["aupr"] + ([metric] if metric in RANKING and metric != "aupr" else [])
     key = fingerprint_key({"metrics": [u.key for u in units], "plots": PLOTS_VERSION})
     drawn = dict(record.get("drawn", {})) if record.get("key") == key else {}
     files: dict[str, list[Path]] = {}
 
     def ranking(name: str):
-        return lambda: sweep_plots(metrics, folder, name) + frontier_plot(metrics, folder, name)
+        return lambda: sweep_plots(summary, folder, name) + frontier_plot(summary, folder, name)
 
     plots = {name: ranking(name) for name in wanted}
-    plots[RELIABILITY] = lambda: reliability_plot(metrics, folder)
+    plots[RELIABILITY] = lambda: reliability_plot(summary, folder)
     rows = {u.key: predictions_path(u.path) for u in units}
-    plots[RISK_COVERAGE] = lambda: risk_coverage_plot(metrics, rows, folder)
+    plots[RISK_COVERAGE] = lambda: risk_coverage_plot(summary, rows, folder)
     for name, draw in plots.items():
         paths = [folder / f for f in drawn.get(name, [])]
         if not intact_figures(folder, record, drawn.get(name, [])):
@@ -403,20 +342,16 @@ def report_files(
 ) -> str:
     """Render tables straight from metrics Parquet files (any source, one table per setting;
     ``rows``: see :func:`report`)."""
-    from etn_cli.report.tables import split_by_backbone
-
-    metrics = read_metrics(paths)
-    summary = summarize(metrics)
-    fitted_on = notes(metrics)
+    summary = Summary.of(read_metrics(paths))
     if fmt == "json" and rows:
         return results_json(summary)
-    parts = split_by_backbone(summary)
+    parts = summary.parts()
     if fmt == "json":  # one document: a list of the settings' tables
-        shown = [json.loads(shown_json(part, metric)) for part in parts.values()]
+        shown = [json.loads(shown_json(part, metric)) for _, part in parts]
         return json.dumps(shown[0] if len(shown) == 1 else shown, indent=1)
     rendered = []
-    for (pipeline, backbone), part in parts.items():
+    for (pipeline, backbone), part in parts:
         title = f"{pipeline} ({backbone})"
-        body = table_text(part, fmt, metric, fitted_on)
+        body = table_text(part, fmt, metric)
         rendered.append(body if len(parts) == 1 or fmt == "csv" else f"{title}\n\n{body}")
     return "\n\n".join(rendered)
