@@ -44,6 +44,7 @@ from etn_cli.report.summary import Summary
 from etn_cli.report.tables import read_metrics
 from etn_cli.report.views import footnote, view
 from etn_cli.stages.failure_records import plan_failures
+from etn_cli.stages.units import holding
 from etn_cli.store.artefacts.predictions import predictions_path
 from etn_cli.store.artefacts.sealed import repair_line
 from etn_cli.store.atomic import atomic_write_text
@@ -191,36 +192,37 @@ def report(
             comparison = paired_comparison(summary, predicted, compare, bootstrap)
     folder = report_folder(plan)
     folder.mkdir(parents=True, exist_ok=True)
-    made: dict[str, list[Path]] = {}  # view -> the files this report wrote for it
-    for view_name, stem, wanted in _tables(summary.frame, metric):
-        text = partial(table_text, summary, metric=wanted, comparison=comparison)
-        made.setdefault(view_name, []).extend(_write_table(folder, stem, text))
-    if comparison is not None:
-        stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
-        made[stem] = _write_table(folder, stem, partial(comparison.table_text, metric=metric))
-    extra = {
-        "pipeline_file": str(plan.pipeline.path),
-        "selection": selection(
-            plan.pipeline.overrides, plan.pipeline.only, plan.pipeline.selection_key
-        ),
-        "metrics_keys": [u.key for u in units],
-        "failed": failed,
-    }
-    if comparison is not None:
-        extra["comparisons"] = comparison.records()
-    atomic_write_text(folder / "results.json", results_json(summary, extra))
-    made[SUMMARY_VIEW].append(folder / "results.json")
-    record = earlier_record(folder)
-    with progress.step("report", f"{name}: plots"):
-        plots, drawn, key = _plots(units, summary, folder, metric, record)
-    for kind, paths in plots.items():  # the frontier of --metric auroc is auroc's view
-        made.setdefault(kind if kind == metric and kind != "aupr" else SUMMARY_VIEW, []).extend(
-            paths
-        )
-    views = replace_views(folder, record, {v: [p.name for p in ps] for v, ps in made.items()})
-    kept = {name for names in views.values() for name in names}
-    drawn = {kind: names for kind, names in drawn.items() if set(names) <= kept}
-    write_plot_record(folder, key, drawn, views)
+    with holding(folder):  # one report at a time writes this folder
+        made: dict[str, list[Path]] = {}  # view -> the files this report wrote for it
+        for view_name, stem, wanted in _tables(summary.frame, metric):
+            text = partial(table_text, summary, metric=wanted, comparison=comparison)
+            made.setdefault(view_name, []).extend(_write_table(folder, stem, text))
+        if comparison is not None:
+            stem = f"compare-{comparison.slug}" + (f"-{metric}" if metric else "")
+            made[stem] = _write_table(folder, stem, partial(comparison.table_text, metric=metric))
+        extra = {
+            "pipeline_file": str(plan.pipeline.path),
+            "selection": selection(
+                plan.pipeline.overrides, plan.pipeline.only, plan.pipeline.selection_key
+            ),
+            "metrics_keys": [u.key for u in units],
+            "failed": failed,
+        }
+        if comparison is not None:
+            extra["comparisons"] = comparison.records()
+        atomic_write_text(folder / "results.json", results_json(summary, extra))
+        made[SUMMARY_VIEW].append(folder / "results.json")
+        record = earlier_record(folder)
+        with progress.step("report", f"{name}: plots"):
+            plots, drawn, key = _plots(units, summary, folder, metric, record)
+        for kind, paths in plots.items():  # the frontier of --metric auroc is auroc's view
+            made.setdefault(kind if kind == metric and kind != "aupr" else SUMMARY_VIEW, []).extend(
+                paths
+            )
+        views = replace_views(folder, record, {v: [p.name for p in ps] for v, ps in made.items()})
+        kept = {name for names in views.values() for name in names}
+        drawn = {kind: names for kind, names in drawn.items() if set(names) <= kept}
+        write_plot_record(folder, key, drawn, views)
     written = [path for paths in made.values() for path in paths]
     if fmt == "json":
         shown = results_json(summary, extra) if rows else shown_json(summary, metric, comparison)
