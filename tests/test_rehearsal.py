@@ -41,7 +41,6 @@ from tests.llm_fixtures import make_gemma2, make_llama
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINED = ("etn", "static", "adats", "map_edl", "ib_edl", "dmm", "ensemble")
-IMAGENET_WNIDS = ["n01440764", "n01443537", "n01484850", "n01491361", "n01494475"]
 
 
 def shipped(tmp_path: Path, name: str) -> Path:
@@ -113,7 +112,7 @@ def test_openood_cifar10_without_resize_fails_before_stage_zero_listing_every_li
 @pytest.mark.slow
 def test_openood_cifar10_runs_to_its_table(tmp_path: Path) -> None:
     openood_cifar10(tmp_path / "data" / "openood", rows=20)
-    args = sets("finetune.epochs=40", "finetune.batch_size=16", "finetune.workers=0",
+    args = sets("finetune.epochs=60", "finetune.batch_size=16", "finetune.workers=0",
                 "data.workers=0", "data.batch_size=64")  # fmt: skip
     args += sets(heads=("etn", "static", "map_edl", "ib_edl", "ensemble"))[2:]
     assert_table(*run(tmp_path, "openood_cifar10", *args), "openood_cifar10")
@@ -150,43 +149,49 @@ def test_cifar10_vgg16_runs_to_its_table_on_cifar_pickles_and_svhn_mat(tmp_path:
 
 # -- ImageNet -----------------------------------------------------------------------------------
 
+SMALL_IMAGES = ("backbone.resize=32", "backbone.crop=32")  # ResNet-50 on 32x32 inputs
+
 
 @pytest.mark.slow
 def test_imagenet_resnet50_runs_to_its_table_on_wordnet_folders(tmp_path: Path) -> None:
-    rd.write_imagenet(tmp_path / "data" / "vision", IMAGENET_WNIDS, per_class=4)
-    images = sorted((tmp_path / "data" / "vision" / "imagenet" / "val").glob("*/*.JPEG"))
-    labels = tuple(IMAGENET_WNIDS.index(f.parent.name) for f in images)  # ids 0..4 of 1,000
-    path = tmp_path / "weights" / "resnet50.pth"
-    checkpoint = rd.torchvision_checkpoint(path, "resnet50", tuple(images), labels)
-    args = sets(f"backbone.checkpoint={checkpoint}", "data.workers=0", "data.batch_size=16",
-                heads=TRAINED)  # fmt: skip
+    """All 1,000 WordNet-id folders (Mahalanobis fits on the adapt split and needs every class
+    there), 5,500 small JPEGs; ResNet-50 random, the weights' transforms cut to 32x32."""
+    vision = tmp_path / "data" / "vision"
+    rd.write_imagenet(vision)
+    checkpoint = rd.torchvision_checkpoint(tmp_path / "weights" / "resnet50.pth", "resnet50")
+    args = sets(f"backbone.checkpoint={checkpoint}", *SMALL_IMAGES, "data.workers=0",
+                "data.batch_size=128", heads=(*TRAINED, "duq", "sngp"), batch=64)  # fmt: skip
     assert_table(*run(tmp_path, "imagenet_resnet50", *args), "imagenet_resnet50")
 
 
-OPENOOD_IMAGENET = {  # five of the 1,000 classes
-    "train": ("train_imagenet.txt", "images_largescale", 5),
-    "val": ("val_imagenet.txt", "images_largescale", 5),
-    "test": ("test_imagenet.txt", "images_largescale", 5),
-    **{
-        name: (f"test_{name}.txt", "images_largescale", None)
-        for name in ("ssb_hard", "ninco", "inaturalist", "openimage_o", "imagenet_r", "imagenet_v2")
-    },
-    "textures": ("test_textures.txt", "images_classic", None),
-}
+def openood_imagenet(root: Path) -> tuple[tuple[Path, ...], tuple[int, ...]]:
+    """OpenOOD v1.5's ImageNet-1K lists: one image of each of the 1,000 classes in train and in
+    val (the scorers with per-class statistics fit on train, the heads on val), 200 test
+    images, 6 of each OOD list at Textures' and Places' mixed sizes. Returns train's images."""
+    lists = {"train": ("train_imagenet.txt", "images_largescale", 1000),
+             "val": ("val_imagenet.txt", "images_largescale", 1000),
+             "test": ("test_imagenet.txt", "images_largescale", 1000)}  # fmt: skip
+    ood = ("ssb_hard", "ninco", "inaturalist", "openimage_o", "imagenet_r", "imagenet_v2")
+    lists |= {name: (f"test_{name}.txt", "images_largescale", None) for name in ood}
+    lists["textures"] = ("test_textures.txt", "images_classic", None)
+    sizes = {split: rd.SMALL for split in ("train", "val", "test")}
+    sizes |= {split: MIXED for split in lists if split not in sizes}
+    counts = {split: 6 for split in lists} | {"train": 1000, "val": 1000, "test": 200}
+    rd.write_openood(root, "imagenet", lists, sizes, counts, stride={"test": 5})
+    listing = "benchmark_imglist/imagenet/train_imagenet.txt"
+    return rd.labelled_images(root, listing, "images_largescale")
 
 
 @pytest.mark.slow
 def test_openood_imagenet_runs_to_its_table(tmp_path: Path) -> None:
-    sizes = {split: MIXED for split in OPENOOD_IMAGENET}
-    counts = {split: 8 for split in OPENOOD_IMAGENET} | {"train": 24}
-    root = tmp_path / "data" / "openood"
-    rd.write_openood(root, "imagenet", OPENOOD_IMAGENET, sizes, counts)
-    listing = "benchmark_imglist/imagenet/train_imagenet.txt"
-    images, labels = rd.labelled_images(root, listing, "images_largescale")
+    """The random ResNet-50's final layer is the nearest mean of the training list's images,
+    so that SHE finds a correctly classified row of every class there."""
+    images, labels = openood_imagenet(tmp_path / "data" / "openood")
     path = tmp_path / "weights" / "resnet50.pth"
-    checkpoint = rd.torchvision_checkpoint(path, "resnet50", images, labels)
-    args = sets(f"backbone.checkpoint={checkpoint}", "data.workers=0", "data.batch_size=16",
-                "data.fit_rows=16", heads=("etn", "static", "map_edl", "ib_edl"))  # fmt: skip
+    checkpoint = rd.torchvision_checkpoint(path, "resnet50", images, labels, "IMAGENET1K_V1", 32)
+    args = sets(f"backbone.checkpoint={checkpoint}", *SMALL_IMAGES, "data.workers=0",
+                "data.batch_size=128", "data.fit_rows=1000",
+                heads=("etn", "static", "map_edl", "ib_edl"), batch=64)  # fmt: skip
     assert_table(*run(tmp_path, "openood_imagenet", *args), "openood_imagenet")
 
 
