@@ -6,16 +6,25 @@ formats (:mod:`tests.rehearsal_data`, built without etn's readers). ``etn run`` 
 table. Only sizes are overridden with ``--set``:
 
 * ``seeds=[0]`` (one seed of three);
-* ``finetune.epochs`` (1, or 40 for openood_cifar10, whose SHE needs every class classified
-  right somewhere in the training list) and ``finetune.batch_size``;
+* ``finetune.epochs`` (1, or 60 for openood_cifar10: its from-scratch ResNet-18 fits the
+  training list in training mode well before that, but its batch-norm running statistics need
+  the many small-lr steps at the end of the cosine schedule before the network in eval mode
+  classifies a row of every class right, as SHE needs) and ``finetune.batch_size``;
 * ``heads.<name>.epochs=1`` and ``heads.<name>.batch_size`` for the heads that train;
-* ``data.batch_size``, ``data.workers=0`` and, for openood_imagenet, ``data.fit_rows``.
+* ``data.batch_size``, ``data.workers=0`` and, for openood_imagenet, ``data.fit_rows``;
+* for the two ResNet-50 pipelines ``backbone.resize=32`` and ``backbone.crop=32``: the
+  weights' normalisation stays, the images come to 32x32 (ResNet-50 at a fiftieth of its
+  224x224 cost), as a run on small images would set them.
 
 Besides sizes, ``imagenet_resnet50`` and ``openood_imagenet`` get
 ``backbone.checkpoint=<random ResNet-50 state dict>``: torchvision's hub file names carry the
 first hex digits of their sha256 (``resnet50-11ad3fa6.pth``), which etn checks, so random
 weights cannot stand in under that name; a checkpoint beside ``weights`` keeps the weights'
-architecture and transforms, as a local copy of the real file would. The LLM pipelines read
+architecture and transforms, as a local copy of the real file would. Their miniatures hold
+all 1,000 classes, since Mahalanobis, SHE and the other per-class heads need every class of
+the model in their fit split. ``imagenet_vit_b16`` is not rehearsed: ViT-B/16 takes 224x224
+inputs only (its position embeddings), so at 1,000 classes its miniature would cost more
+than a CPU run can afford. The LLM pipelines read
 the hub id from a Hugging Face cache holding a tiny random model under that id.
 
 CIFAR and SVHN are read by etn from their published formats (not through torchvision, whose
