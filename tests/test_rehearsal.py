@@ -161,6 +161,23 @@ def test_cifar10_vgg16_runs_to_its_table_on_cifar_pickles_and_svhn_mat(tmp_path:
 SMALL_IMAGES = ("backbone.resize=32", "backbone.crop=32")  # ResNet-50 on 32x32 inputs
 
 
+def test_imagenet_miniature_puts_every_class_into_the_adapt_part() -> None:
+    """The class sizes of the miniature validation set, against etn's seeded 20% / 80% split
+    (milliseconds: no image is written)."""
+    import numpy as np
+
+    from etn_cli.datasets.imagenet import VAL_FRACTIONS
+    from etn_cli.datasets.vision import seeded_partition
+
+    wnids = rd.imagenet_wnids()
+    assert len(wnids) == len(set(wnids)) == 1000 and wnids == sorted(wnids)
+    sizes = rd.adapt_covering_sizes(len(wnids))
+    labels = np.repeat(np.arange(1000), sizes)  # files in sorted order: class-major
+    parts = seeded_partition(len(labels), VAL_FRACTIONS, 0)
+    assert np.array_equal(np.unique(labels[parts["adapt"]]), np.arange(1000))
+    assert min(sizes) >= 2 and sum(sizes) < 6000
+
+
 @pytest.mark.slow
 def test_imagenet_resnet50_runs_to_its_table_on_wordnet_folders(tmp_path: Path) -> None:
     """All 1,000 WordNet-id folders (Mahalanobis fits on the adapt split and needs every class
