@@ -32,9 +32,10 @@ md5 check refuses anything but the full release); that reader equals torchvision
 real-format bytes in ``tests/test_vision.py``.
 
 Fast by default: the failures before any work of ``openood_cifar10`` without its resize and
-crop and of ``cifar10_vgg16`` on an adaptation split missing classes (seconds each). Every
-run to a table is ``slow`` (``pytest -m slow tests/test_rehearsal.py``): each trains a
-backbone or LoRA adapter and about thirty heads on the CPU, minutes apiece.
+crop and of ``cifar10_vgg16`` on an adaptation split missing classes (seconds each), and the
+ImageNet miniature's class sizes. Every run to a table is ``slow`` (``python -m pytest -q -m
+slow tests/test_rehearsal.py``): each trains a backbone or LoRA adapter and about thirty heads
+on the CPU, minutes to an hour apiece (docs/pipelines.md lists each one's time).
 """
 
 from __future__ import annotations
