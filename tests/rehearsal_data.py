@@ -46,16 +46,26 @@ PALETTE = np.array(
 )  # fmt: skip
 
 
+def class_colours(labels: np.ndarray) -> np.ndarray:
+    """(N, 3) float colours: PALETTE's for classes 0..9, a seeded colour of its own for each
+    class above (ImageNet's 1,000)."""
+    labels = np.asarray(labels)
+    out = PALETTE[labels % 10].copy()
+    for c in np.unique(labels[labels >= 10]):
+        out[labels == c] = np.random.default_rng(int(c)).uniform(0, 255, 3)
+    return out
+
+
 def random_pixels(
     rng: np.random.Generator, n: int, size: tuple[int, int], labels: np.ndarray | None = None
 ) -> np.ndarray:
     """``n`` random RGB images (n, H, W, 3) uint8. With ``labels``, each is its class's colour
-    (label mod 10) plus noise, so that one short epoch learns them and every class has rows
+    (:func:`class_colours`) plus noise, so that one short epoch learns them and every class has rows
     classified right (SHE, Mahalanobis and the class-conditional scorers need some); without,
     a class-free colour field (OOD images)."""
     h, w = size
     if labels is not None:
-        base = PALETTE[np.asarray(labels) % 10][:, None, None, :]  # (n, 1, 1, 3)
+        base = class_colours(np.asarray(labels))[:, None, None, :]  # (n, 1, 1, 3)
         return np.clip(base + rng.normal(0, 25, (n, h, w, 3)), 0, 255).astype(np.uint8)
     coarse = rng.integers(0, 256, (n, 4, 4, 3)).astype(np.float32)
     rows, cols = np.linspace(0, 3, h).round().astype(int), np.linspace(0, 3, w).round().astype(int)
@@ -133,27 +143,73 @@ def save_image(path: Path, pixels: np.ndarray, mode: str = "RGB") -> None:
 
 
 def write_class_folders(
-    folder: Path, wnids: list[str], per_class: int, sizes: list[tuple[int, int]], seed: int
-) -> None:
-    """``folder/<wnid>/<n>.JPEG``, sizes cycling through ``sizes``; the first image of the
-    first class is grayscale and the second CMYK, as a few of ILSVRC2012's are."""
+    folder: Path, wnids: list[str], per_class: int | list[int], sizes: list[tuple[int, int]],
+    seed: int,
+) -> None:  # fmt: skip
+    """``folder/<wnid>/<n>.JPEG`` (``per_class`` images each, or a count per class), sizes
+    cycling through ``sizes``; the first image of the first class is grayscale and the second
+    CMYK, as a few of ILSVRC2012's are."""
     rng = np.random.default_rng(seed)
+    counts = [per_class] * len(wnids) if isinstance(per_class, int) else per_class
     k = 0
-    for c, wnid in enumerate(wnids):
-        for _ in range(per_class):
+    for c, (wnid, count) in enumerate(zip(wnids, counts, strict=True)):
+        label = np.array([c])
+        for _ in range(count):
             h, w = sizes[k % len(sizes)]
             mode = {0: "L", 1: "CMYK"}.get(k, "RGB")
             name = f"ILSVRC2012_val_{seed:02d}{k:06d}.JPEG"
-            save_image(folder / wnid / name, random_pixels(rng, 1, (h, w), np.array([c]))[0], mode)
+            save_image(folder / wnid / name, random_pixels(rng, 1, (h, w), label)[0], mode)
             k += 1
 
 
-def write_imagenet(root: Path, wnids: list[str], per_class: int, seed: int = 3) -> None:
-    """``root/imagenet/val/``, ``imagenet-a/``, ``imagenet-r/``, ``imagenet-sketch/sketch/``."""
-    sizes = [(375, 500), (500, 333), (256, 256), (300, 400)]
-    write_class_folders(root / "imagenet" / "val", wnids, per_class, sizes, seed)
+def imagenet_wnids() -> list[str]:
+    """The 1,000 ILSVRC2012 WordNet ids in sorted order, the class order of torchvision's
+    ImageNet weights (the ids of ILSVRC2012's ``LOC_synset_mapping.txt``; read as text from the
+    copy etn ships, not through etn's reader)."""
+    text = (Path(__file__).resolve().parents[1] / "etn_cli/datasets/imagenet_wnids.txt").read_text()
+    return [line.strip() for line in text.splitlines() if line.strip()[:1] == "n"]
+
+
+def adapt_covering_sizes(classes: int, fraction: float = 0.2, seed: int = 0) -> list[int]:
+    """Images per class such that the paper's split of the validation images (a permutation
+    ``numpy.random.default_rng(seed).permutation(n)`` of the files in sorted order, its first
+    ``round(fraction * n)`` positions adapt, the rest test) puts at least one image of every
+    class into adapt, with about ``1 / fraction`` images per class: the real set's 50 per class
+    do so by chance, a miniature with 5 per class would leave a third of the classes out. Each
+    class takes the sorted positions up to and including its first adapt position (and two at
+    least); the last takes the rest."""
+    n = int(classes / fraction * 1.1)
+    while True:
+        adapt = np.zeros(n, dtype=bool)
+        adapt[np.random.default_rng(seed).permutation(n)[: round(fraction * n)]] = True
+        sizes, start = [], 0
+        for position in range(n):
+            if len(sizes) == classes - 1:
+                break
+            if adapt[start : position + 1].any() and position + 1 - start >= 2:
+                sizes.append(position + 1 - start)
+                start = position + 1
+        if len(sizes) == classes - 1 and adapt[start:].any() and n - start >= 2:
+            return sizes + [n - start]
+        n += classes // 10
+
+
+SMALL = [(36, 48), (48, 36), (40, 40), (30, 45)]  # (height, width): mixed, few pixels to decode
+
+
+def write_imagenet(root: Path, seed: int = 3) -> tuple[Path, list[int]]:
+    """``root/imagenet/val/`` with all 1,000 WordNet-id folders (:func:`adapt_covering_sizes`
+    images each, small JPEGs of mixed sizes with a grayscale and a CMYK one), and
+    ``imagenet-a/``, ``imagenet-r/``, ``imagenet-sketch/sketch/`` with two images in each of
+    three classes, of the real sets' larger mixed sizes. Returns the validation folder and its
+    class sizes."""
+    wnids = imagenet_wnids()
+    counts = adapt_covering_sizes(len(wnids))
+    write_class_folders(root / "imagenet" / "val", wnids, counts, SMALL, seed)
+    large = [(375, 500), (500, 333), (256, 256), (300, 400)]
     for i, name in enumerate(("imagenet-a", "imagenet-r", "imagenet-sketch/sketch")):
-        write_class_folders(root / name, wnids[:3], 2, sizes[::-1], seed + 1 + i)
+        write_class_folders(root / name, wnids[i::400][:3], 2, large, seed + 1 + i)
+    return root / "imagenet" / "val", counts
 
 
 def labelled_images(
@@ -173,16 +229,20 @@ def write_list(root: Path, listing: str, entries: list[tuple[str, int]]) -> None
 def write_openood(
     root: Path, benchmark: str, lists: dict[str, tuple[str, str, int | None]],
     sizes: dict[str, list[tuple[int, int]]], rows: dict[str, int], seed: int = 4,
+    stride: dict[str, int] | None = None,
 ) -> None:  # fmt: skip
     """OpenOOD v1.5's layout for one benchmark: ``lists`` maps a split to (list file under
-    ``benchmark_imglist/<benchmark>/``, image root, number of classes or None for OOD -1)."""
+    ``benchmark_imglist/<benchmark>/``, image root, number of classes or None for OOD -1).
+    Row ``i`` of a split is of class ``i * stride[split] mod classes`` (stride 1 by default);
+    the small images of ``images_classic`` (CIFAR's, MNIST's) are PNGs, the others JPEGs."""
     rng = np.random.default_rng(seed)
     for split, (listing, images, classes) in lists.items():
-        entries = []
+        entries, step = [], (stride or {}).get(split, 1)
         for i in range(rows[split]):
             h, w = sizes[split][i % len(sizes[split])]
-            name = f"{split}/{split}_{i:05d}.{'png' if max(h, w) <= 64 else 'jpg'}"
-            label = i % classes if classes else -1
+            png = images == "images_classic" and max(h, w) <= 64
+            name = f"{split}/{split}_{i:05d}.{'png' if png else 'jpg'}"
+            label = i * step % classes if classes else -1
             pixels = random_pixels(rng, 1, (h, w), np.array([label]) if classes else None)
             save_image(root / images / name, pixels[0])
             entries.append((name, label))
@@ -268,30 +328,41 @@ def hub_cache_model(cache: Path, repo_id: str, folder: Path) -> Path:
 
 
 def torchvision_checkpoint(
-    path: Path, model: str, images: tuple[Path, ...] = (), labels: tuple[int, ...] = (), seed=0
-) -> Path:
+    path: Path, model: str, images: tuple[Path, ...] = (), labels: tuple[int, ...] = (),
+    weights: str = "DEFAULT", size: int | None = None, seed: int = 0,
+) -> Path:  # fmt: skip
     """Random weights of torchvision's ``model`` saved as its hub checkpoints are (a state dict
     of ``torch.save``). Given labelled ``images``, the final layer becomes their nearest class
-    mean (features through the weights' own ``transforms()``), so that the random network
-    classifies its miniature right, as the scorers that keep correctly classified rows per
-    class (SHE) need; every other value stays random."""
+    mean (features through ``weights``' own ``transforms()``, resized and cropped to ``size``
+    when given, as the run's ``--set backbone.resize/crop`` do), scaled so that logits differ
+    by tens, not millions: the random network classifies those images right, as the scorers
+    that keep correctly classified rows of every class (SHE) need. Every other value stays
+    random."""
     import torch
     import torchvision
 
     torch.manual_seed(seed)
     net = torchvision.models.get_model(model, weights=None).eval()
     if images:
-        preprocess = torchvision.models.get_model_weights(model).DEFAULT.transforms()
-        batch = torch.stack([preprocess(Image.open(f).convert("RGB")) for f in images])
+        chosen = torchvision.models.get_model_weights(model)[weights]
+        sizes = {} if size is None else {"resize_size": size, "crop_size": size}
+        preprocess = chosen.transforms(**sizes)
         head = net.fc
         net.fc = torch.nn.Identity()
         with torch.no_grad():
-            features = net(batch)  # (N, D)
+            features = torch.cat(
+                [
+                    net(torch.stack([preprocess(Image.open(f).convert("RGB")) for f in part]))
+                    for part in (images[i : i + 256] for i in range(0, len(images), 256))
+                ]
+            )  # (N, D)
             y = torch.tensor(labels)
-            for c in y.unique():
-                mean = features[y == c].mean(0)
-                head.weight[c] = mean
-                head.bias[c] = -0.5 * mean.dot(mean)
+            classes = y.unique()
+            means = torch.stack([features[y == c].mean(0) for c in classes])  # (K, D)
+            gaps = torch.cdist(means, means).pow(2)  # (K, K)
+            scale = 20 / gaps[gaps > 0].median()
+            head.weight[classes] = scale * means
+            head.bias[classes] = -0.5 * scale * means.pow(2).sum(1)
         net.fc = head
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(net.state_dict(), path)

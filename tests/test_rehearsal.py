@@ -6,16 +6,25 @@ formats (:mod:`tests.rehearsal_data`, built without etn's readers). ``etn run`` 
 table. Only sizes are overridden with ``--set``:
 
 * ``seeds=[0]`` (one seed of three);
-* ``finetune.epochs`` (1, or 40 for openood_cifar10, whose SHE needs every class classified
-  right somewhere in the training list) and ``finetune.batch_size``;
+* ``finetune.epochs`` (1, or 60 for openood_cifar10: its from-scratch ResNet-18 fits the
+  training list in training mode well before that, but its batch-norm running statistics need
+  the many small-lr steps at the end of the cosine schedule before the network in eval mode
+  classifies a row of every class right, as SHE needs) and ``finetune.batch_size``;
 * ``heads.<name>.epochs=1`` and ``heads.<name>.batch_size`` for the heads that train;
-* ``data.batch_size``, ``data.workers=0`` and, for openood_imagenet, ``data.fit_rows``.
+* ``data.batch_size``, ``data.workers=0`` and, for openood_imagenet, ``data.fit_rows``;
+* for the two ResNet-50 pipelines ``backbone.resize=32`` and ``backbone.crop=32``: the
+  weights' normalisation stays, the images come to 32x32 (ResNet-50 at a fiftieth of its
+  224x224 cost), as a run on small images would set them.
 
 Besides sizes, ``imagenet_resnet50`` and ``openood_imagenet`` get
 ``backbone.checkpoint=<random ResNet-50 state dict>``: torchvision's hub file names carry the
 first hex digits of their sha256 (``resnet50-11ad3fa6.pth``), which etn checks, so random
 weights cannot stand in under that name; a checkpoint beside ``weights`` keeps the weights'
-architecture and transforms, as a local copy of the real file would. The LLM pipelines read
+architecture and transforms, as a local copy of the real file would. Their miniatures hold
+all 1,000 classes, since Mahalanobis, SHE and the other per-class heads need every class of
+the model in their fit split. ``imagenet_vit_b16`` is not rehearsed: ViT-B/16 takes 224x224
+inputs only (its position embeddings), so at 1,000 classes its miniature would cost more
+than a CPU run can afford. The LLM pipelines read
 the hub id from a Hugging Face cache holding a tiny random model under that id.
 
 CIFAR and SVHN are read by etn from their published formats (not through torchvision, whose
@@ -23,9 +32,10 @@ md5 check refuses anything but the full release); that reader equals torchvision
 real-format bytes in ``tests/test_vision.py``.
 
 Fast by default: the failures before any work of ``openood_cifar10`` without its resize and
-crop and of ``cifar10_vgg16`` on an adaptation split missing classes (seconds each). Every
-run to a table is ``slow`` (``pytest -m slow tests/test_rehearsal.py``): each trains a
-backbone or LoRA adapter and about thirty heads on the CPU, minutes apiece.
+crop and of ``cifar10_vgg16`` on an adaptation split missing classes (seconds each), and the
+ImageNet miniature's class sizes. Every run to a table is ``slow`` (``python -m pytest -q -m
+slow tests/test_rehearsal.py``): each trains a backbone or LoRA adapter and about thirty heads
+on the CPU, minutes to an hour apiece (docs/pipelines.md lists each one's time).
 """
 
 from __future__ import annotations
@@ -41,7 +51,6 @@ from tests.llm_fixtures import make_gemma2, make_llama
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINED = ("etn", "static", "adats", "map_edl", "ib_edl", "dmm", "ensemble")
-IMAGENET_WNIDS = ["n01440764", "n01443537", "n01484850", "n01491361", "n01494475"]
 
 
 def shipped(tmp_path: Path, name: str) -> Path:
@@ -113,7 +122,7 @@ def test_openood_cifar10_without_resize_fails_before_stage_zero_listing_every_li
 @pytest.mark.slow
 def test_openood_cifar10_runs_to_its_table(tmp_path: Path) -> None:
     openood_cifar10(tmp_path / "data" / "openood", rows=20)
-    args = sets("finetune.epochs=40", "finetune.batch_size=16", "finetune.workers=0",
+    args = sets("finetune.epochs=60", "finetune.batch_size=16", "finetune.workers=0",
                 "data.workers=0", "data.batch_size=64")  # fmt: skip
     args += sets(heads=("etn", "static", "map_edl", "ib_edl", "ensemble"))[2:]
     assert_table(*run(tmp_path, "openood_cifar10", *args), "openood_cifar10")
@@ -150,43 +159,66 @@ def test_cifar10_vgg16_runs_to_its_table_on_cifar_pickles_and_svhn_mat(tmp_path:
 
 # -- ImageNet -----------------------------------------------------------------------------------
 
+SMALL_IMAGES = ("backbone.resize=32", "backbone.crop=32")  # ResNet-50 on 32x32 inputs
+
+
+def test_imagenet_miniature_puts_every_class_into_the_adapt_part() -> None:
+    """The class sizes of the miniature validation set, against etn's seeded 20% / 80% split
+    (milliseconds: no image is written)."""
+    import numpy as np
+
+    from etn_cli.datasets.imagenet import VAL_FRACTIONS
+    from etn_cli.datasets.vision import seeded_partition
+
+    wnids = rd.imagenet_wnids()
+    assert len(wnids) == len(set(wnids)) == 1000 and wnids == sorted(wnids)
+    sizes = rd.adapt_covering_sizes(len(wnids))
+    labels = np.repeat(np.arange(1000), sizes)  # files in sorted order: class-major
+    parts = seeded_partition(len(labels), VAL_FRACTIONS, 0)
+    assert np.array_equal(np.unique(labels[parts["adapt"]]), np.arange(1000))
+    assert min(sizes) >= 2 and sum(sizes) < 6000
+
 
 @pytest.mark.slow
 def test_imagenet_resnet50_runs_to_its_table_on_wordnet_folders(tmp_path: Path) -> None:
-    rd.write_imagenet(tmp_path / "data" / "vision", IMAGENET_WNIDS, per_class=4)
-    images = sorted((tmp_path / "data" / "vision" / "imagenet" / "val").glob("*/*.JPEG"))
-    labels = tuple(IMAGENET_WNIDS.index(f.parent.name) for f in images)  # ids 0..4 of 1,000
-    path = tmp_path / "weights" / "resnet50.pth"
-    checkpoint = rd.torchvision_checkpoint(path, "resnet50", tuple(images), labels)
-    args = sets(f"backbone.checkpoint={checkpoint}", "data.workers=0", "data.batch_size=16",
-                heads=TRAINED)  # fmt: skip
+    """All 1,000 WordNet-id folders (Mahalanobis fits on the adapt split and needs every class
+    there), 5,500 small JPEGs; ResNet-50 random, the weights' transforms cut to 32x32."""
+    vision = tmp_path / "data" / "vision"
+    rd.write_imagenet(vision)
+    checkpoint = rd.torchvision_checkpoint(tmp_path / "weights" / "resnet50.pth", "resnet50")
+    args = sets(f"backbone.checkpoint={checkpoint}", *SMALL_IMAGES, "data.workers=0",
+                "data.batch_size=128", heads=(*TRAINED, "duq", "sngp"), batch=64)  # fmt: skip
     assert_table(*run(tmp_path, "imagenet_resnet50", *args), "imagenet_resnet50")
 
 
-OPENOOD_IMAGENET = {  # five of the 1,000 classes
-    "train": ("train_imagenet.txt", "images_largescale", 5),
-    "val": ("val_imagenet.txt", "images_largescale", 5),
-    "test": ("test_imagenet.txt", "images_largescale", 5),
-    **{
-        name: (f"test_{name}.txt", "images_largescale", None)
-        for name in ("ssb_hard", "ninco", "inaturalist", "openimage_o", "imagenet_r", "imagenet_v2")
-    },
-    "textures": ("test_textures.txt", "images_classic", None),
-}
+def openood_imagenet(root: Path) -> tuple[tuple[Path, ...], tuple[int, ...]]:
+    """OpenOOD v1.5's ImageNet-1K lists: one image of each of the 1,000 classes in train and in
+    val (the scorers with per-class statistics fit on train, the heads on val), 200 test
+    images, 6 of each OOD list at Textures' and Places' mixed sizes. Returns train's images."""
+    lists = {"train": ("train_imagenet.txt", "images_largescale", 1000),
+             "val": ("val_imagenet.txt", "images_largescale", 1000),
+             "test": ("test_imagenet.txt", "images_largescale", 1000)}  # fmt: skip
+    ood = ("ssb_hard", "ninco", "inaturalist", "openimage_o", "imagenet_r", "imagenet_v2")
+    lists |= {name: (f"test_{name}.txt", "images_largescale", None) for name in ood}
+    lists["textures"] = ("test_textures.txt", "images_classic", None)
+    sizes = {split: rd.SMALL for split in ("train", "val", "test")}
+    sizes |= {split: MIXED for split in lists if split not in sizes}
+    counts = {split: 6 for split in lists} | {"train": 1000, "val": 1000, "test": 200}
+    rd.write_openood(root, "imagenet", lists, sizes, counts, stride={"test": 5})
+    listing = "benchmark_imglist/imagenet/train_imagenet.txt"
+    return rd.labelled_images(root, listing, "images_largescale")
 
 
 @pytest.mark.slow
 def test_openood_imagenet_runs_to_its_table(tmp_path: Path) -> None:
-    sizes = {split: MIXED for split in OPENOOD_IMAGENET}
-    counts = {split: 8 for split in OPENOOD_IMAGENET} | {"train": 24}
-    root = tmp_path / "data" / "openood"
-    rd.write_openood(root, "imagenet", OPENOOD_IMAGENET, sizes, counts)
-    listing = "benchmark_imglist/imagenet/train_imagenet.txt"
-    images, labels = rd.labelled_images(root, listing, "images_largescale")
+    """The random ResNet-50's final layer is the nearest mean of the training list's images,
+    so that SHE finds a correctly classified row of every class there."""
+    images, labels = openood_imagenet(tmp_path / "data" / "openood")
     path = tmp_path / "weights" / "resnet50.pth"
-    checkpoint = rd.torchvision_checkpoint(path, "resnet50", images, labels)
-    args = sets(f"backbone.checkpoint={checkpoint}", "data.workers=0", "data.batch_size=16",
-                "data.fit_rows=16", heads=("etn", "static", "map_edl", "ib_edl"))  # fmt: skip
+    checkpoint = rd.torchvision_checkpoint(path, "resnet50", images, labels, "IMAGENET1K_V1", 32)
+    args = sets(f"backbone.checkpoint={checkpoint}", *SMALL_IMAGES, "data.workers=0",
+                "data.batch_size=128", "data.fit_rows=1000",
+                heads=("etn", "static", "map_edl", "ib_edl"), batch=64)  # fmt: skip
     assert_table(*run(tmp_path, "openood_imagenet", *args), "openood_imagenet")
 
 
