@@ -51,6 +51,9 @@ SCALE_LIMIT = 1e6
 SEED_LIMIT = 2**32  # numpy's legacy seeding takes no more; torch's takes 2**64
 POSITIVE = (_within(0, SCALE_LIMIT, open_low=True), "a number in (0, 1e6]")
 NON_NEGATIVE = (_within(0, SCALE_LIMIT), "a number in [0, 1e6]")
+# a Gamma or Gaussian prior's variance: below 1e-12 its shape mode^2/variance overflows float32
+# (ETN's loss turns NaN in its first epoch at 1e-40; fits at 1e-20)
+VARIANCE = (_within(1e-12, SCALE_LIMIT), "a number in [1e-12, 1e6]")
 EPOCH_LIMIT = 100_000
 EPOCHS = (_within(1, EPOCH_LIMIT), f"an integer in 1 .. {EPOCH_LIMIT:,}")
 BATCH_LIMIT = 2**20
@@ -80,7 +83,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "members": (_within(1, 1_000), "an integer in 1 .. 1,000"),
     "passes": DRAWS,
     "prior_mode": POSITIVE,
-    "prior_variance": POSITIVE,
+    "prior_variance": VARIANCE,
     "temperature": POSITIVE,
     "kl_weight": NON_NEGATIVE,
     "weight_decay": NON_NEGATIVE,

@@ -555,6 +555,24 @@ def test_a_bad_override_names_its_set_option_not_the_file(
     assert f"--set {override}" in done.stderr and "conv.toml" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("given", ["digits", "pipelines/digits.toml", "linked"])
+def test_a_bad_override_of_a_shipped_or_linked_pipeline_names_its_set_option(
+    given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is named by a shipped name, a path through the clone's ``pipelines`` link, or
+    an absolute path: the error names the ``--set`` whole, never a path with the option spliced
+    into it (``.../pipelines/--set heads.etn.lr=-1.toml``)."""
+    from etn_cli.cli.build import checked_pipeline
+    from etn_cli.errors import EtnError
+
+    monkeypatch.chdir(REPO)
+    path = REPO / "pipelines" / "digits.toml" if given == "linked" else Path(given)
+    with pytest.raises(EtnError) as refused:
+        checked_pipeline(path, ["heads.etn.lr=-1"])
+    message = str(refused.value)
+    assert message.startswith("--set heads.etn.lr=-1 [[heads]] 'etn': key 'lr'"), message
+
+
 def test_the_docs_show_the_shipped_digits_pipeline() -> None:
     readme = (REPO / "docs" / "pipelines.md").read_text()
     shipped = (REPO / "pipelines" / "digits.toml").read_text()

@@ -23,7 +23,7 @@ from etn_cli.heads import heads
 # setting -> a value outside its range; (head, setting) where one name means different things
 OUT_OF_RANGE: dict[str | tuple[str, str], object] = {
     "seed": 2**32, "epochs": 0, "lr": -1.0, "batch_size": 0, "mc_samples": 0, "members": 0,
-    "passes": 0, "prior_mode": 0.0, "prior_variance": -1.0, "temperature": 0.0,
+    "passes": 0, "prior_mode": 0.0, "prior_variance": 1e-300, "temperature": 0.0,
     "kl_weight": -1.0, "weight_decay": -1.0, "p": 1.0, "nu": 1.0, "warmup_fraction": 1.0,
     "momentum": 1.0, "a_init": 0.0, "b_init": 0.0, "sigma_init": 0.0, "length_scale": 0.0,
     "ridge": 0.0, "prior": 0.0, "prior_lr": 0.0, "lr_decay": 0.0, "memory_limit_gib": 0.0,

@@ -13,6 +13,7 @@ every ``[[heads]]`` entry of that name (or label). Values are TOML (``5``, ``1e-
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -75,10 +76,16 @@ def blaming_overrides(
 
 
 def _blamed(message: str, override: str, path: Path) -> str:
+    """``message`` with the pipeline file, wherever it names it as a whole word (as given, a
+    shipped pipeline's file, absolute or resolved), replaced by the ``--set`` to blame."""
+    from etn_cli.planning.shipped import find_pipeline
+
     source = f"--set {override.strip()}"
+    file = find_pipeline(path)  # found: the file alone passed its check
+    names = {str(p) for f in (Path(path), file) for p in (f, f.absolute(), f.resolve())}
     named = message
-    for name in (str(Path(path).resolve()), str(path)):
-        named = named.replace(name, source)
+    for name in sorted(names, key=len, reverse=True):  # the longest first: no partial word
+        named = re.sub(rf"(?<!\S){re.escape(name)}(?=[\s:,]|$)", lambda _: source, named)
     return named if named != message else f"{source}: {message}"
 
 
