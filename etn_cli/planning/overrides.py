@@ -85,7 +85,8 @@ def _blamed(message: str, override: str, path: Path) -> str:
     names = {str(p) for f in (Path(path), file) for p in (f, f.absolute(), f.resolve())}
     named = message
     for name in sorted(names, key=len, reverse=True):  # the longest first: no partial word
-        named = re.sub(rf"(?<!\S){re.escape(name)}(?=[\s:,]|$)", lambda _: source, named)
+        word = rf"(?<!\S){re.escape(name)}(?=[\s:,]|\.(?:\s|$)|$)"  # "in P." ends a word too
+        named = re.sub(word, lambda _: source, named)
     return named if named != message else f"{source}: {message}"
 
 
